@@ -1,0 +1,1 @@
+"""handoff: qualify request migration in disaggregated LLM serving."""

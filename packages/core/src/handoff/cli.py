@@ -1,0 +1,60 @@
+"""`handoff`: list backends and their cases. Errors are one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from handoff.cases import SELECTIONS, selection, uncovered_pairs
+from handoff.errors import HandoffError
+from handoff.plugins import backends, get_backend
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="handoff", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("backends", help="installed backends, versions and topologies")
+    cases = commands.add_parser("cases", help="case ids of a backend's selection")
+    cases.add_argument("--backend", required=True)
+    cases.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
+    cases.add_argument("--topology", default="aggregate")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "backends":
+            return list_backends()
+        return list_cases(args.backend, args.topology, args.selection)
+    except HandoffError as exc:
+        print(f"handoff: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def list_backends() -> int:
+    table = Table("backend", "version", "topologies", "migration counts")
+    for name, backend in sorted(backends().items()):
+        table.add_row(
+            name, backend.version, ", ".join(backend.topologies), backend.migration_counts
+        )
+    Console().print(table)
+    return 0
+
+
+def list_cases(backend_name: str, topology: str, selection_name: str) -> int:
+    backend = get_backend(backend_name)
+    backend.require_topology(topology)
+    chosen = selection(topology, selection_name)
+    for case in chosen:
+        print(case.id)
+    missing = uncovered_pairs(chosen)
+    print(
+        f"# {len(chosen)} {topology} {selection_name} cases; pairwise coverage: "
+        + ("complete" if not missing else "missing " + "; ".join(missing)),
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The live processes of one case: services, one frontend, its workers; up, ready, and down."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import requests
+
+from handoff import services
+from handoff.backend import Backend, Model, Worker
+from handoff.cases import Case
+from handoff.errors import CaseFailure
+from handoff.policies import Policy
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.ports import PortLeases, bindable
+from handoff.processes import ManagedProcess
+
+#: Which (component, endpoint) a worker of each role registers in the frontend's /health.
+HEALTH_ENDPOINT = {
+    "aggregate": ("backend", "generate"),
+    "decode": ("backend", "generate"),
+    "prefill": ("prefill", "generate"),
+}
+TEARDOWN_TIMEOUT_S = 15.0
+
+
+class StartupFailure(CaseFailure):
+    """A process of the deployment exited, or the deployment never became ready."""
+
+
+class Deployment:
+    """Ports, discovery folder and logs of its own; `stop()` leaves nothing behind."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        case: Case,
+        folder: Path,
+        policy: Policy,
+        roles: tuple[str, ...] = ("aggregate", "aggregate"),
+    ) -> None:
+        self.backend = backend
+        self.case = case
+        self.folder = folder
+        self.policy = policy
+        self.roles = roles
+        self.leases = PortLeases()
+        self.processes: list[ManagedProcess] = []
+        self.workers: list[Worker] = []
+        self.model: Model | None = None
+        self.http_port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{services.LOOPBACK}:{self.http_port}"
+
+    def start(self, deadline: Deadline) -> None:
+        """Launch everything at once, then wait until the frontend can route to every worker.
+
+        Any failure stops what was started before the error propagates.
+        """
+        try:
+            self._launch()
+            self._wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _launch(self) -> None:
+        self.backend.check_environment()
+        self.model = self.backend.prepare_model(self.folder / "model")
+        self.http_port = self.leases.take()
+        nats_port = self.leases.take() if self.case.plane == "nats" else None
+        env = services.runtime_env(self.folder / "discovery", nats_port)
+        if nats_port is not None:
+            self._spawn("nats-server", services.nats_command(nats_port, self.folder / "nats"), env)
+        self._spawn(
+            "frontend",
+            services.frontend_command(self.http_port, self.model, self.case.plane, self.policy),
+            env,
+        )
+        for i, role in enumerate(self.roles):
+            ports = {name: self.leases.take() for name in self.backend.worker_ports}
+            launch = self.backend.worker(role, self.model, self.case.plane, ports)
+            name = f"worker-{i}-{role}"
+            process = self._spawn(name, launch.argv, {**env, **launch.env})
+            self.workers.append(Worker(name, role, process, ports))
+
+    def _spawn(self, name: str, argv: list[str] | tuple[str, ...], env: dict[str, str]):
+        process = ManagedProcess(name, argv, env, self.folder / f"{name}.log")
+        self.processes.append(process)
+        process.start()
+        return process
+
+    def expected_instances(self) -> Counter[tuple[str, str]]:
+        return Counter(HEALTH_ENDPOINT[role] for role in self.roles)
+
+    def _wait_ready(self, deadline: Deadline) -> None:
+        expected = self.expected_instances()
+        assert self.model is not None
+
+        def probe() -> tuple[bool | None, str]:
+            self.raise_if_exited()
+            try:
+                health = requests.get(self.base_url + "/health", timeout=2).json()
+                models = requests.get(self.base_url + "/v1/models", timeout=2).json()
+            except (requests.RequestException, ValueError) as exc:
+                return None, f"frontend not answering ({type(exc).__name__})"
+            listed = Counter(
+                (i.get("component"), i.get("endpoint"))
+                for i in health.get("instances", [])
+                if (i.get("component"), i.get("endpoint")) in expected
+            )
+            names = [m.get("id") for m in models.get("data", [])]
+            if listed == expected and self.model.name in names:
+                return True, ""
+            return None, f"/health instances {dict(listed)}, /v1/models {names}"
+
+        poll_until(
+            probe,
+            deadline,
+            f"the frontend to list instances {dict(expected)} and model {self.model.name!r}",
+        )
+
+    def raise_if_exited(self) -> None:
+        """Fail with the name, exit code and log tail of the first process that has exited."""
+        for process in self.processes:
+            code = process.exit_code()
+            if code is not None:
+                raise StartupFailure(
+                    f"{process.name} exited with code {code} during start-up; "
+                    f"log {process.log_path}:\n{process.log_tail()}"
+                )
+
+    def stop(self) -> list[str]:
+        """Kill every process started, check they are gone and the ports are free.
+
+        Returns the problems found (survivors, ports still bound); empty means clean.
+        """
+        problems = []
+        deadline = Deadline(TEARDOWN_TIMEOUT_S)
+        for process in reversed(self.processes):
+            if process.popen is None:
+                continue
+            survivors = process.kill(deadline)
+            if survivors:
+                pids = ", ".join(str(p.pid) for p in survivors)
+                problems.append(f"{process.name} still alive after SIGKILL: pids {pids}")
+        try:
+            poll_until(
+                lambda: (True, None) if not (busy := self._busy_ports()) else (None, busy),
+                deadline,
+                "the deployment's ports to be free",
+            )
+        except Timeout as exc:
+            problems.append(str(exc))
+        self.leases.release()
+        return problems
+
+    def _busy_ports(self) -> list[int]:
+        return [port for port in self.leases.ports if not bindable(port)]

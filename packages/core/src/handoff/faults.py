@@ -1,0 +1,102 @@
+"""Finding the worker that holds the request, proving it is in flight, and faulting it."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from handoff.backend import Backend, Worker
+from handoff.client import InFlight
+from handoff.errors import CaseFailure
+from handoff.polling import Deadline, poll_until
+
+HOLDER_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """What was sent to whom, and how the worker's tree went away."""
+
+    fault: str
+    worker: str
+    pid: int
+    signals: tuple[str, ...]
+    #: graceful_shutdown only: the tree outlived the bound and was SIGKILLed.
+    forced_kill: bool
+    #: The client's response had already ended when the last signal was sent.
+    response_done_at_kill: bool
+
+
+def find_holder(
+    backend: Backend, workers: list[Worker], inflight: InFlight, deadline: Deadline
+) -> Worker:
+    """The one worker that reports the request in flight, by its own state; never a guess."""
+
+    def probe() -> tuple[Worker | None, str]:
+        if inflight.finished:
+            raise CaseFailure(
+                f"the response ended before any worker reported it in flight: "
+                f"{inflight.response.summary()}"
+            )
+        holders = backend.holders(workers)
+        if len(holders) > 1:
+            names = ", ".join(w.name for w in holders)
+            raise CaseFailure(f"more than one worker reports a request in flight: {names}")
+        return (holders[0] if holders else None), "no worker reports a request in flight"
+
+    return poll_until(probe, deadline.within(HOLDER_TIMEOUT_S), "a worker to hold the request")
+
+
+def prove_in_flight(
+    backend: Backend,
+    holder: Worker,
+    inflight: InFlight,
+    tokens_seen: Callable[[], int],
+    tokens_needed: int,
+    what: str,
+    deadline: Deadline,
+) -> str:
+    """Wait until `tokens_needed` tokens are out while the response is still open, then check
+    that `holder` still reports the request; fail the case if the window was missed."""
+
+    def probe() -> tuple[int | None, str]:
+        if inflight.finished:
+            raise CaseFailure(
+                f"missed the fault window: the response ended before {tokens_needed} {what}: "
+                f"{inflight.response.summary()}"
+            )
+        seen = tokens_seen()
+        return (seen if seen >= tokens_needed else None), f"{seen} {what}"
+
+    seen = poll_until(probe, deadline, f"{tokens_needed} {what}")
+    still_held = holder in backend.holders([holder])
+    if inflight.finished or not still_held:
+        raise CaseFailure(
+            f"missed the fault window: the request was no longer in flight on {holder.name} "
+            f"(worker reports it: {still_held}; response: {inflight.response.summary()})"
+        )
+    return f"{seen} {what}, response open, {holder.name} reports it in flight"
+
+
+def inject(fault: str, holder: Worker, inflight: InFlight, graceful_bound_s: float) -> FaultReport:
+    """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
+    whatever is left of the tree once the bound has passed."""
+    process = holder.process
+    process.tree()  # remember the descendants before the parent can orphan them
+    if fault == "worker_failure":
+        process.signal_tree(signal.SIGKILL)
+        signals: tuple[str, ...] = ("SIGKILL",)
+        forced = False
+    else:
+        process.signal_tree(signal.SIGTERM, parent_only=True)
+        left = process.wait_gone(Deadline(graceful_bound_s))
+        forced = bool(left)
+        signals = ("SIGTERM", "SIGKILL") if forced else ("SIGTERM",)
+        if forced:
+            process.signal_tree(signal.SIGKILL)
+    report = FaultReport(fault, holder.name, process.pid, signals, forced, inflight.finished)
+    left = process.wait_gone(Deadline(HOLDER_TIMEOUT_S))
+    if left:
+        raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
+    return report

@@ -1,0 +1,66 @@
+"""Reading Prometheus text from the frontend and workers with prometheus_client's parser."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+MIGRATION_TOTAL = "dynamo_frontend_model_migration_total"
+MIGRATION_DURATION_COUNT = "dynamo_frontend_model_migration_duration_seconds_count"
+MAX_SEQ_LEN_EXCEEDED = "dynamo_frontend_model_migration_max_seq_len_exceeded_total"
+OUTPUT_TOKENS = "dynamo_frontend_output_tokens_total"
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> str:
+    response = requests.get(url, timeout=timeout_s)
+    response.raise_for_status()
+    return response.text
+
+
+def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of the samples called `name` whose labels include `labels`.
+
+    An absent series counts as 0: Dynamo exports no migration series before the first migration.
+    """
+    labels = labels or {}
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def frontend_output_tokens(url: str, model: str) -> int:
+    """Tokens the frontend has received from workers: how far a unary request has got."""
+    return int(sample_sum(scrape(url), OUTPUT_TOKENS, {"model": model}))
+
+
+@dataclass(frozen=True)
+class MigrationCounts:
+    """The frontend's migration counters for one model."""
+
+    ongoing_request: int
+    new_request: int
+    max_seq_len_exceeded: int
+    succeeded: int
+    failed: int
+
+    @classmethod
+    def parse(cls, text: str, model: str) -> MigrationCounts:
+        def count(name: str, **labels: str) -> int:
+            return int(sample_sum(text, name, {"model": model, **labels}))
+
+        return cls(
+            ongoing_request=count(MIGRATION_TOTAL, migration_type="ongoing_request"),
+            new_request=count(MIGRATION_TOTAL, migration_type="new_request"),
+            max_seq_len_exceeded=count(MAX_SEQ_LEN_EXCEEDED),
+            succeeded=count(MIGRATION_DURATION_COUNT, outcome="success"),
+            failed=count(MIGRATION_DURATION_COUNT, outcome="failure"),
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

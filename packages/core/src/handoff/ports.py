@@ -1,0 +1,78 @@
+"""Free loopback ports, leased so that concurrent runs and pytest workers never share one.
+
+A lease is an exclusive flock on a per-port file in a shared folder: the kernel drops it when
+the holder exits, even by SIGKILL, so a crashed run never leaves a port reserved.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import socket
+import tempfile
+from pathlib import Path
+
+from handoff.errors import HandoffError
+
+#: Dynamo reads DYN_SYSTEM_PORT as a signed 16-bit integer, and the kernel hands out ephemeral
+#: ports from 32768 up: stay between the well-known ports and the ephemeral range.
+PORT_RANGE = range(20000, 32768)
+LEASE_DIR_ENV = "HANDOFF_PORT_LEASES"
+
+
+def lease_dir() -> Path:
+    folder = Path(os.environ.get(LEASE_DIR_ENV) or Path(tempfile.gettempdir(), "handoff-ports"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def bindable(port: int) -> bool:
+    """True when a server could listen on 127.0.0.1:port right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class PortLeases:
+    """Ports held by one deployment until `release()`."""
+
+    def __init__(self, port_range: range = PORT_RANGE) -> None:
+        self.port_range = port_range
+        self._held: dict[int, int] = {}  # port -> lock file descriptor
+
+    @property
+    def ports(self) -> list[int]:
+        return list(self._held)
+
+    def take(self) -> int:
+        """Lease one port that no other lease holds and that is free to bind."""
+        folder = lease_dir()
+        start = random.randrange(len(self.port_range))
+        for i in range(len(self.port_range)):
+            port = self.port_range[(start + i) % len(self.port_range)]
+            if port in self._held:
+                continue
+            fd = os.open(folder / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if bindable(port):
+                self._held[port] = fd
+                return port
+            os.close(fd)
+        raise HandoffError(
+            f"no free loopback port in {self.port_range.start}-{self.port_range.stop - 1}: "
+            f"stop what holds them or free some ports, then run again"
+        )
+
+    def release(self) -> None:
+        for fd in self._held.values():
+            os.close(fd)
+        self._held.clear()

@@ -1,0 +1,122 @@
+"""Processes handoff starts: own process group, own log file, signalled only by pid or group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from handoff.errors import HandoffError
+from handoff.polling import Deadline, Timeout, poll_until
+
+
+class ManagedProcess:
+    """A process started by handoff, in its own session so its whole tree can be signalled."""
+
+    def __init__(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._known: dict[int, psutil.Process] = {}
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self.popen = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise HandoffError(
+                    f"cannot start {self.name}: {self.argv[0]} not found; install it"
+                ) from exc
+        self._known[self.popen.pid] = psutil.Process(self.popen.pid)
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, f"{self.name} was never started"
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        """None while running (or never started)."""
+        return None if self.popen is None else self.popen.poll()
+
+    def tree(self) -> list[psutil.Process]:
+        """This process and its descendants that are still alive, remembered across calls.
+
+        Descendants are remembered so that children orphaned by the parent's death are still
+        found later: they are ours because we saw them under our pid.
+        """
+        if self.popen is not None and self.popen.poll() is None:
+            try:
+                for child in self._known[self.pid].children(recursive=True):
+                    self._known.setdefault(child.pid, child)
+            except psutil.NoSuchProcess:
+                pass
+        return [p for p in self._known.values() if self._alive(p)]
+
+    def _alive(self, proc: psutil.Process) -> bool:
+        """Our own child counts until it is reaped: a killed multi-threaded process shows as a
+        zombie while its other threads still hold its sockets. Descendants count until zombie."""
+        if self.popen is not None and proc.pid == self.popen.pid:
+            return self.popen.poll() is None
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def signal_tree(self, sig: signal.Signals, parent_only: bool = False) -> None:
+        for proc in self.tree():
+            if parent_only and proc.pid != self.pid:
+                continue
+            try:
+                proc.send_signal(sig)  # psutil refuses if the pid was reused by another process
+            except psutil.NoSuchProcess:
+                pass
+
+    def wait_gone(self, deadline: Deadline) -> list[psutil.Process]:
+        """Wait until the whole tree has exited (and is reaped); return what is alive at the end."""
+        try:
+            poll_until(
+                lambda: (True, None) if not (alive := self.tree()) else (None, _pids(alive)),
+                deadline,
+                f"{self.name} (pid {self.pid}) and its children to exit",
+            )
+        except Timeout:
+            pass
+        return self.tree()
+
+    def kill(self, deadline: Deadline) -> list[psutil.Process]:
+        """SIGKILL the tree and its process group; return what survived the deadline."""
+        self.tree()
+        if self.popen is not None and self.popen.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
+            except ProcessLookupError:
+                pass
+        self.signal_tree(signal.SIGKILL)
+        return self.wait_gone(deadline)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _pids(procs: list[psutil.Process]) -> str:
+    return "pids " + ", ".join(str(p.pid) for p in procs)

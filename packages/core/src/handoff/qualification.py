@@ -1,0 +1,18 @@
+"""The qualification suite: one test, parametrized by the handoff pytest plugin with the cases
+of the chosen backend and selection. Run it with `pytest --pyargs handoff.qualification`."""
+
+from __future__ import annotations
+
+import pytest
+
+from handoff.runner import run_case
+
+
+def test_migration(handoff_case, handoff_backend, handoff_settings, handoff_run_dir, request):
+    timeout_s = request.node.get_closest_marker("timeout").args[0]
+    folder = handoff_run_dir / handoff_case.topology / handoff_case.id
+    result = run_case(handoff_backend, handoff_case, folder, handoff_settings, timeout_s)
+    request.node.user_properties.append(("verdict", result.verdict.summary()))
+    if not result.verdict.passed:
+        request.node.user_properties.append(("logs", str(folder)))
+        pytest.fail(f"{result.verdict.summary()}\nlogs kept: {folder}", pytrace=False)

@@ -1,0 +1,137 @@
+"""One case from start to finish: deploy, request, fault, verdict, teardown."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from handoff import faults, metrics
+from handoff.backend import Backend
+from handoff.cases import Case
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.history import History
+from handoff.policies import Policy, policy
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.verdict import Verdict, count_problems, judge, observed
+
+#: Words any tokenizer splits into a few dozen tokens; the output length makes the case, not this.
+PROMPT = " ".join(f"t{i}" for i in range(100, 132))
+METRICS_SETTLE_S = 3.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs of a case run. The output length must outlast the graceful bound: a request that
+    finishes inside the bound fails its case rather than passing without a migration."""
+
+    max_tokens: int = 800
+    in_flight_chunks: int = 5
+    graceful_bound_s: float = 2.0
+    startup_timeout_s: float = 60.0
+    keep_logs: bool = False
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    verdict: Verdict
+    seconds: float
+    folder: Path
+    history: History
+
+
+def run_case(
+    backend: Backend,
+    case: Case,
+    folder: Path,
+    settings: Settings,
+    timeout_s: float,
+    frontend_policy: Policy | None = None,
+    roles: tuple[str, ...] = ("aggregate", "aggregate"),
+) -> CaseResult:
+    """Run one case inside `timeout_s`; every process it started is gone when it returns.
+
+    `frontend_policy` and `roles` deploy a system other than the case asks for: the way tests
+    build a misconfigured system under test and check that the verdict catches it.
+    """
+    started = time.monotonic()
+    history = History()
+    deadline = Deadline(timeout_s)
+    deployment = Deployment(backend, case, folder, frontend_policy or policy(case.policy), roles)
+    try:
+        history.record("launch", roles=list(roles))
+        deployment.start(deadline.within(settings.startup_timeout_s))
+        history.record("ready", pids={p.name: p.pid for p in deployment.processes})
+        verdict = exercise(deployment, case, settings, deadline, history)
+    except CaseFailure as exc:
+        verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
+    finally:
+        problems = deployment.stop()
+        history.record("teardown_done", problems=problems)
+    if problems:
+        verdict = Verdict(False, verdict.reasons + problems, verdict.phase or "teardown")
+    history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
+    history.write(folder / "history.json")
+    if verdict.passed and not settings.keep_logs:
+        shutil.rmtree(folder, ignore_errors=True)
+    return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def exercise(
+    deployment: Deployment, case: Case, settings: Settings, deadline: Deadline, history: History
+) -> Verdict:
+    """Send the request, fault the worker that holds it mid-flight, and judge the outcome."""
+    backend, case_policy = deployment.backend, policy(case.policy)
+    assert deployment.model is not None
+    stream = case.response == "stream"
+    request = Request(case.api, stream, deployment.model.name, PROMPT, settings.max_tokens)
+    inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
+    history.record("request_sent", api=case.api, stream=stream, max_tokens=settings.max_tokens)
+    holder = faults.find_holder(backend, deployment.workers, inflight, deadline)
+    history.record("holder_found", worker=holder.name, pid=holder.process.pid)
+    if stream:
+        tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
+    else:
+        metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
+        tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model)  # noqa: E731
+        what = "tokens received by the frontend"
+    proof = faults.prove_in_flight(
+        backend, holder, inflight, tokens_seen, settings.in_flight_chunks, what, deadline
+    )
+    history.record("in_flight_proven", how=proof)
+    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s)
+    history.record("worker_gone", signals=list(fault.signals), forced_kill=fault.forced_kill)
+    inflight.wait_finished(deadline)
+    history.record("response_finished", response=inflight.response.summary())
+    counts = settled_counts(deployment, case_policy, backend.migration_counts, deadline)
+    history.record("metrics_read", **observed(inflight.response, counts))
+    return judge(
+        case_policy, inflight.response, counts, fault, settings.max_tokens, backend.migration_counts
+    )
+
+
+def settled_counts(
+    deployment: Deployment, case_policy: Policy, mode: str, deadline: Deadline
+) -> metrics.MigrationCounts:
+    """The frontend's counters once they agree with the policy, or as last seen at the bound.
+
+    Counters are updated asynchronously to the response, so a reading taken the instant the
+    client finished may lag; a wrong count still fails, with the value seen at the bound.
+    """
+    assert deployment.model is not None
+    url, model = deployment.base_url + "/metrics", deployment.model.name
+    last: list[metrics.MigrationCounts] = []
+
+    def probe() -> tuple[metrics.MigrationCounts | None, str]:
+        last[:] = [metrics.MigrationCounts.parse(metrics.scrape(url), model)]
+        agree = not count_problems(case_policy, last[0], mode)
+        return (last[0] if agree else None), str(last[0])
+
+    try:
+        return poll_until(probe, deadline.within(METRICS_SETTLE_S), "migration counters")
+    except Timeout:
+        return last[0]

