@@ -68,6 +68,7 @@ class Backend(ABC):
                 f"use one of {', '.join(self.topologies)}"
             )
 
+    @abstractmethod
     def check_environment(self) -> None:
         """Raise HandoffError naming what is missing (engine, binary) and how to get it."""
 

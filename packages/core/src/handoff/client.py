@@ -187,6 +187,5 @@ class InFlight:
     def wait_finished(self, deadline: Deadline) -> None:
         self._thread.join(deadline.remaining())
         if self._thread.is_alive():
-            raise Timeout(
-                f"timed out waiting for the response to finish; last seen: {self.response.summary()}"
-            )
+            seen = self.response.summary()
+            raise Timeout(f"timed out waiting for the response to finish; last seen: {seen}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,31 +83,25 @@ class ManagedProcess:
         for proc in self.tree():
             if parent_only and proc.pid != self.pid:
                 continue
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)  # psutil refuses if the pid was reused by another process
-            except psutil.NoSuchProcess:
-                pass
 
     def wait_gone(self, deadline: Deadline) -> list[psutil.Process]:
         """Wait until the whole tree has exited (and is reaped); return what is alive at the end."""
-        try:
+        with contextlib.suppress(Timeout):
             poll_until(
                 lambda: (True, None) if not (alive := self.tree()) else (None, _pids(alive)),
                 deadline,
                 f"{self.name} (pid {self.pid}) and its children to exit",
             )
-        except Timeout:
-            pass
         return self.tree()
 
     def kill(self, deadline: Deadline) -> list[psutil.Process]:
         """SIGKILL the tree and its process group; return what survived the deadline."""
         self.tree()
         if self.popen is not None and self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
-            except ProcessLookupError:
-                pass
         self.signal_tree(signal.SIGKILL)
         return self.wait_gone(deadline)
 
