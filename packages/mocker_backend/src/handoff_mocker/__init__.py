@@ -31,6 +31,9 @@ class MockerBackend(Backend):
     migration_counts = "exact"
     case_timeout_s = 90.0
 
+    def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
+        self.speedup_ratio = speedup_ratio
+
     def check_environment(self) -> None:
         if importlib.util.find_spec("dynamo") is None:
             raise HandoffError(
@@ -56,7 +59,7 @@ class MockerBackend(Backend):
             "--request-plane",
             plane,
             "--speedup-ratio",
-            str(SPEEDUP_RATIO),
+            str(self.speedup_ratio),
         ]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 

@@ -1,0 +1,96 @@
+"""verdict.judge on recorded responses and counters (no system under test needed)."""
+
+import pytest
+
+from handoff.client import Chunk, Response
+from handoff.faults import FaultReport
+from handoff.metrics import MigrationCounts
+from handoff.policies import POLICIES
+from handoff.verdict import judge
+
+MAX_TOKENS = 8
+SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False, False)
+
+
+def streamed(tokens: int, finish: str | None = "length", error: dict | None = None) -> Response:
+    chunks = [
+        Chunk(0.0, {"choices": [{"delta": {"content": f" t{i}"}, "finish_reason": None}]})
+        for i in range(tokens)
+    ]
+    if finish:
+        chunks.append(Chunk(0.0, {"choices": [{"delta": {}, "finish_reason": finish}]}))
+        chunks.append(Chunk(0.0, {"choices": [], "usage": {"completion_tokens": tokens}}))
+    return Response(status=200, chunks=chunks, error=error, done=True)
+
+
+def counts(ongoing=1, new=0, exceeded=0, ok=1, failed=0) -> MigrationCounts:
+    return MigrationCounts(ongoing, new, exceeded, ok, failed)
+
+
+SERVICE_UNAVAILABLE = {"message": "Service temporarily unavailable", "code": 503}
+
+
+def test_completed_migration_passes():
+    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(), SIGKILL, 8, "exact")
+    assert verdict.passed, verdict.reasons
+
+
+def test_short_response_fails_with_token_count():
+    verdict = judge(POLICIES["migration_enabled"], streamed(5), counts(), SIGKILL, 8, "exact")
+    assert "5 completion tokens in usage, expected 8" in verdict.reasons
+
+
+def test_cut_stream_fails_with_its_error_frame():
+    response = streamed(3, finish=None, error=SERVICE_UNAVAILABLE)
+    verdict = judge(POLICIES["migration_enabled"], response, counts(), SIGKILL, 8, "exact")
+    assert not verdict.passed
+    assert any("error frame" in r for r in verdict.reasons)
+    assert "finish_reason None, expected 'length'" in verdict.reasons
+
+
+def test_disabled_policy_requires_an_api_error():
+    failed = counts(ok=0, failed=1)
+    verdict = judge(POLICIES["migration_disabled"], streamed(8), failed, SIGKILL, 8, "exact")
+    assert any("requires an API error" in r for r in verdict.reasons)
+    erred = Response(status=503, error=SERVICE_UNAVAILABLE)
+    assert judge(POLICIES["migration_disabled"], erred, failed, SIGKILL, 8, "exact").passed
+
+
+def test_transport_failure_is_not_an_api_error():
+    response = Response(exception="ConnectionError: reset")
+    verdict = judge(
+        POLICIES["migration_disabled"], response, counts(0, 0, 0, 0, 1), SIGKILL, 8, "exact"
+    )
+    assert any("connection failed" in r for r in verdict.reasons)
+
+
+def test_exact_mode_rejects_a_duplicate_migration_lower_bound_accepts_it():
+    twice = counts(ongoing=2, ok=2)
+    exact = judge(POLICIES["migration_enabled"], streamed(8), twice, SIGKILL, 8, "exact")
+    assert "migration counter ongoing_request = 2, expected 1" in exact.reasons
+    lower = judge(POLICIES["migration_enabled"], streamed(8), twice, SIGKILL, 8, "lower_bound")
+    assert lower.passed, lower.reasons
+
+
+@pytest.mark.parametrize("mode", ["exact", "lower_bound"])
+def test_new_request_migration_always_fails(mode):
+    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(new=1), SIGKILL, 8, mode)
+    assert "migration counter new_request = 1, expected 0" in verdict.reasons
+
+
+def test_missing_migration_fails_in_lower_bound_mode_too():
+    verdict = judge(
+        POLICIES["migration_enabled"],
+        streamed(8),
+        counts(0, 0, 0, 0, 0),
+        SIGKILL,
+        8,
+        "lower_bound",
+    )
+    assert "migration counter ongoing_request = 0, expected at least 1" in verdict.reasons
+
+
+def test_a_response_over_before_the_kill_fails_the_graceful_case():
+    late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True, True)
+    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(), late, 8, "exact")
+    assert any("had ended before SIGKILL" in r for r in verdict.reasons)
