@@ -80,3 +80,10 @@ def test_unknown_selection_and_topology_are_named():
         selection("aggregate", "weekly")
     with pytest.raises(HandoffError, match="no pre_merge selection for topology 'decode'"):
         selection("decode", "pre_merge")
+
+
+def test_every_policy_value_has_a_meaning():
+    from handoff.cases import POLICIES as POLICY_AXIS
+    from handoff.policies import POLICIES
+
+    assert list(POLICIES) == list(POLICY_AXIS)

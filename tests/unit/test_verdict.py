@@ -9,7 +9,7 @@ from handoff.policies import POLICIES
 from handoff.verdict import judge
 
 MAX_TOKENS = 8
-SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False, False)
+SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False)
 
 
 def streamed(tokens: int, finish: str | None = "length", error: dict | None = None) -> Response:
@@ -91,6 +91,6 @@ def test_missing_migration_fails_in_lower_bound_mode_too():
 
 
 def test_a_response_over_before_the_kill_fails_the_graceful_case():
-    late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True, True)
+    late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True)
     verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(), late, 8, "exact")
     assert any("had ended before SIGKILL" in r for r in verdict.reasons)

@@ -33,9 +33,6 @@ AXES: dict[str, tuple[str, ...]] = {
 
 SELECTIONS = ("pre_merge", "nightly")
 
-#: Policies under which the user's response must complete despite the fault.
-COMPLETING_POLICIES = frozenset({"migration_enabled", "max_seq_len_not_exceeded"})
-
 
 @dataclass(frozen=True)
 class Case:
@@ -63,10 +60,6 @@ class Case:
     def key(self) -> str:
         """Unique across topologies: `aggregate/<id>`; the pytest item id and log folder name."""
         return f"{self.topology}/{self.id}"
-
-    @property
-    def expects_completion(self) -> bool:
-        return self.policy in COMPLETING_POLICIES
 
     @classmethod
     def from_id(cls, case_id: str, topology: str = "aggregate") -> Case:

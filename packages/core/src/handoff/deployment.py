@@ -58,14 +58,10 @@ class Deployment:
     def start(self, deadline: Deadline) -> None:
         """Launch everything at once, then wait until the frontend can route to every worker.
 
-        Any failure stops what was started before the error propagates.
+        Call `stop()` afterwards whether this succeeded or not: it stops what was started.
         """
-        try:
-            self._launch()
-            self._wait_ready(deadline)
-        except BaseException:
-            self.stop()
-            raise
+        self._launch()
+        self._wait_ready(deadline)
 
     def _launch(self) -> None:
         self.backend.check_environment()

@@ -21,9 +21,8 @@ class FaultReport:
     fault: str
     worker: str
     pid: int
+    #: Signals in the order sent; SIGTERM then SIGKILL when the tree outlived the bound.
     signals: tuple[str, ...]
-    #: graceful_shutdown only: the tree outlived the bound and was SIGKILLed.
-    forced_kill: bool
     #: The client's response had already ended when the last signal was sent.
     response_done_at_kill: bool
 
@@ -79,24 +78,26 @@ def prove_in_flight(
     return f"{seen} {what}, response open, {holder.name} reports it in flight"
 
 
-def inject(fault: str, holder: Worker, inflight: InFlight, graceful_bound_s: float) -> FaultReport:
+def inject(
+    fault: str, holder: Worker, inflight: InFlight, graceful_bound_s: float, deadline: Deadline
+) -> FaultReport:
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
-    whatever is left of the tree once the bound has passed."""
+    whatever is left of the tree once the bound has passed. Whether the response had already
+    ended is read just before the last signal goes out."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
+    done_before = inflight.finished
     if fault == "worker_failure":
         process.signal_tree(signal.SIGKILL)
         signals: tuple[str, ...] = ("SIGKILL",)
-        forced = False
     else:
         process.signal_tree(signal.SIGTERM, parent_only=True)
-        left = process.wait_gone(Deadline(graceful_bound_s))
-        forced = bool(left)
-        signals = ("SIGTERM", "SIGKILL") if forced else ("SIGTERM",)
-        if forced:
+        signals = ("SIGTERM",)
+        if process.wait_gone(deadline.within(graceful_bound_s)):
+            done_before = inflight.finished
             process.signal_tree(signal.SIGKILL)
-    report = FaultReport(fault, holder.name, process.pid, signals, forced, inflight.finished)
-    left = process.wait_gone(Deadline(HOLDER_TIMEOUT_S))
+            signals = ("SIGTERM", "SIGKILL")
+    left = process.wait_gone(deadline.within(HOLDER_TIMEOUT_S))
     if left:
         raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
-    return report
+    return FaultReport(fault, holder.name, process.pid, signals, done_before)

@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
+
 from handoff import faults, metrics
 from handoff.backend import Backend
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.policies import Policy, policy
 from handoff.polling import Deadline, Timeout, poll_until
@@ -29,7 +31,7 @@ class Settings:
     finishes inside the bound fails its case rather than passing without a migration."""
 
     max_tokens: int = 800
-    in_flight_chunks: int = 5
+    in_flight_tokens: int = 5
     graceful_bound_s: float = 2.0
     startup_timeout_s: float = 60.0
     keep_logs: bool = False
@@ -67,13 +69,15 @@ def run_case(
         deployment.start(deadline.within(settings.startup_timeout_s))
         history.record("ready", pids={p.name: p.pid for p in deployment.processes})
         verdict = exercise(deployment, case, settings, deadline, history)
-    except CaseFailure as exc:
+    except (CaseFailure, HandoffError, requests.RequestException) as exc:
+        # The system under test failed, the set-up is wrong, or a process stopped answering:
+        # each fails this case with its reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     finally:
         problems = deployment.stop()
         history.record("teardown_done", problems=problems)
     if problems:
-        verdict = Verdict(False, verdict.reasons + problems, verdict.phase or "teardown")
+        verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
@@ -100,11 +104,11 @@ def exercise(
         tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model)  # noqa: E731
         what = "tokens received by the frontend"
     proof = faults.prove_in_flight(
-        backend, holder, inflight, tokens_seen, settings.in_flight_chunks, what, deadline
+        backend, holder, inflight, tokens_seen, settings.in_flight_tokens, what, deadline
     )
     history.record("in_flight_proven", how=proof)
-    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s)
-    history.record("worker_gone", signals=list(fault.signals), forced_kill=fault.forced_kill)
+    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
+    history.record("worker_gone", signals=list(fault.signals))
     inflight.wait_finished(deadline)
     history.record("response_finished", response=inflight.response.summary())
     counts = settled_counts(deployment, case_policy, backend.migration_counts, deadline)
