@@ -21,39 +21,27 @@ def no_children_left():
     assert psutil.Process().children(recursive=True) == []
 
 
-def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_path):
-    result = run_case(
-        MockerBackend(),
-        STREAM_ENABLED,
-        tmp_path,
-        SETTINGS,
-        timeout_s=60,
-        frontend_policy=POLICIES["migration_disabled"],
-    )
+def failed_reasons(folder, **misconfiguration) -> str:
+    """Run the migration-enabled stream case against a misconfigured system; it must fail."""
+    result = run_case(MockerBackend(), STREAM_ENABLED, folder, SETTINGS, 60, **misconfiguration)
     assert not result.verdict.passed
-    reasons = " | ".join(result.verdict.reasons)
+    no_children_left()
+    return " | ".join(result.verdict.reasons)
+
+
+def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_path):
+    reasons = failed_reasons(tmp_path, frontend_policy=POLICIES["migration_disabled"])
     assert "the stream carried an error frame" in reasons
     assert "finish_reason None, expected 'length'" in reasons
     assert "migration counter succeeded = 0, expected 1" in reasons
     assert (tmp_path / "history.json").exists() and (tmp_path / "frontend.log").exists()
-    no_children_left()
 
 
 def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
-    result = run_case(
-        MockerBackend(),
-        STREAM_ENABLED,
-        tmp_path,
-        SETTINGS,
-        timeout_s=60,
-        roles=("aggregate",),
-    )
-    assert not result.verdict.passed
-    reasons = " | ".join(result.verdict.reasons)
+    reasons = failed_reasons(tmp_path, roles=("aggregate",))
     assert "the stream carried an error frame" in reasons
     assert "None completion tokens in usage, expected 800" in reasons
     assert "migration counter failed = 1, expected 0" in reasons
-    no_children_left()
 
 
 class BadFlagMocker(MockerBackend):
