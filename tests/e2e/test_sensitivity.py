@@ -5,11 +5,11 @@ running behind it."""
 import os
 import signal
 
-import psutil
 import pytest
 
 from handoff.cases import Case
 from handoff.policies import POLICIES
+from handoff.ports import bindable
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend
 
@@ -17,15 +17,16 @@ SETTINGS = Settings(keep_logs=True)
 STREAM_ENABLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 
 
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
+def assert_ports_free(result):
+    ready = next(e for e in result.history.events if e.name == "ready")
+    assert ready.data["ports"] and all(bindable(p) for p in ready.data["ports"])
 
 
 def failed_reasons(folder, **misconfiguration) -> str:
     """Run the migration-enabled stream case against a misconfigured system; it must fail."""
     result = run_case(MockerBackend(), STREAM_ENABLED, folder, SETTINGS, 60, **misconfiguration)
     assert not result.verdict.passed
-    no_children_left()
+    assert_ports_free(result)
     return " | ".join(result.verdict.reasons)
 
 
@@ -59,7 +60,6 @@ def test_start_up_failure_names_the_process_and_its_log(tmp_path):
     reason = result.verdict.reasons[0]
     assert "worker-0-aggregate exited with code 2 during start-up" in reason
     assert "unrecognized arguments: --no-such-flag" in reason
-    no_children_left()
 
 
 class FreezingMocker(MockerBackend):
@@ -79,4 +79,14 @@ def test_a_hung_system_fails_within_the_case_timeout(tmp_path, response):
     assert result.verdict.phase == "request_sent"
     assert "timed out waiting for a worker to hold the request" in result.verdict.reasons[0]
     assert result.seconds < 12 + 15  # the case budget plus the teardown bound
-    no_children_left()
+    assert_ports_free(result)
+
+
+@pytest.mark.parametrize("response", ["stream", "unary"])
+def test_a_request_over_before_the_fault_window_fails_the_case(tmp_path, response):
+    case = Case.from_id(f"migration_enabled-worker_failure-chat-{response}-nats")
+    result = run_case(MockerBackend(), case, tmp_path, Settings(max_tokens=3), timeout_s=60)
+    assert not result.verdict.passed
+    assert result.verdict.phase in ("request_sent", "holder_found")
+    assert result.verdict.reasons[0].startswith("missed the fault window: the response ended")
+    assert_ports_free(result)

@@ -35,7 +35,8 @@ def find_holder(
     def probe() -> tuple[Worker | None, str]:
         if inflight.finished:
             raise CaseFailure(
-                f"the response ended before any worker reported it in flight: "
+                f"missed the fault window: the response ended before any worker reported it "
+                f"in flight: "
                 f"{inflight.response.summary()}"
             )
         holders = backend.holders(workers)

@@ -60,29 +60,33 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "handoff_case" not in metafunc.fixturenames:
         return
-    config = metafunc.config
     try:
-        backend = get_backend(_required(config, "handoff_backend"))
-        topology = config.getoption("handoff_topology")
-        name = config.getoption("handoff_selection")
-        backend.require_topology(topology)
-        cases = selection(topology, name)
+        params = case_params(metafunc.config)
     except HandoffError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    marks = [getattr(pytest.mark, name), getattr(pytest.mark, backend.name)]
-    marks.append(pytest.mark.timeout(backend.case_timeout_s))
-    metafunc.parametrize(
-        "handoff_case",
-        [pytest.param(c, id=c.key, marks=marks) for c in cases],
-    )
+        message = str(exc)
+    else:
+        metafunc.parametrize("handoff_case", params)
+        return
+    pytest.fail(message, pytrace=False)  # a collection error of one line, no traceback
 
 
-def _required(config: pytest.Config, option: str) -> str:
-    value = config.getoption(option)
-    if not value:
-        flag = "--" + option.replace("_", "-")
-        raise HandoffError(f"the handoff suite needs {flag}, e.g. {flag} mocker")
-    return value
+def case_params(config: pytest.Config) -> list:
+    """The chosen selection as pytest params, marked with selection, backend and timeout."""
+    name = config.getoption("handoff_backend")
+    if not name:
+        raise HandoffError(
+            "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker"
+        )
+    backend = get_backend(name)
+    topology = config.getoption("handoff_topology")
+    backend.require_topology(topology)
+    chosen = config.getoption("handoff_selection")
+    marks = [
+        getattr(pytest.mark, chosen),
+        getattr(pytest.mark, backend.name),
+        pytest.mark.timeout(backend.case_timeout_s),
+    ]
+    return [pytest.param(c, id=c.key, marks=marks) for c in selection(topology, chosen)]
 
 
 @pytest.fixture(scope="session")

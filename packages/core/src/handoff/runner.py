@@ -67,7 +67,11 @@ def run_case(
     try:
         history.record("launch", roles=list(roles))
         deployment.start(deadline.within(settings.startup_timeout_s))
-        history.record("ready", pids={p.name: p.pid for p in deployment.processes})
+        history.record(
+            "ready",
+            pids={p.name: p.pid for p in deployment.processes},
+            ports=deployment.leases.ports,
+        )
         verdict = exercise(deployment, case, settings, deadline, history)
     except (CaseFailure, HandoffError, requests.RequestException) as exc:
         # The system under test failed, the set-up is wrong, or a process stopped answering:

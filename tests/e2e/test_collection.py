@@ -1,0 +1,86 @@
+"""The plugin turns a backend's selection into pytest items usable with -m, -k and -n."""
+
+import subprocess
+import sys
+
+import pytest
+
+from handoff.cases import AGGREGATE_PRE_MERGE
+
+
+def qualification(*args, timeout=300):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "handoff.qualification",
+            "-p",
+            "no:cacheprovider",
+            "--handoff-backend",
+            "mocker",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def collected(*args):
+    result = qualification("--collect-only", "-q", *args)
+    return [line for line in result.stdout.splitlines() if "::test_migration[" in line]
+
+
+def test_items_carry_the_case_keys():
+    ids = [item.split("[", 1)[1].rstrip("]") for item in collected()]
+    assert ids == [c.key for c in AGGREGATE_PRE_MERGE]
+
+
+@pytest.mark.parametrize(
+    ("args", "count"),
+    [
+        (("-m", "pre_merge and mocker"), 8),
+        (("-m", "nightly"), 0),
+        (("-k", "nats"), 4),
+        (("-k", "migration_disabled and unary"), 1),
+        (("--handoff-selection", "nightly"), 64),
+        (("--handoff-selection", "nightly", "-m", "nightly"), 64),
+    ],
+)
+def test_markers_and_keywords_select_cases(args, count):
+    assert len(collected(*args)) == count
+
+
+def test_missing_backend_option_is_one_clear_line():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "handoff.qualification",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-q",
+            "-o",
+            "addopts=",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker" in (
+        result.stdout
+    )
+    assert "Traceback" not in result.stdout and "pluggy" not in result.stdout
+
+
+def test_cases_run_on_two_xdist_workers():
+    result = qualification("-n", "2", "-k", "worker_failure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "4 cases: 4 passed, 0 failed" in result.stdout
+    assert "4 passed" in result.stdout.splitlines()[-1]
