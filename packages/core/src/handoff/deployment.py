@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -65,6 +66,8 @@ class Deployment:
 
     def _launch(self) -> None:
         self.backend.check_environment()
+        for state in ("discovery", "nats"):  # stale registrations would count as instances
+            shutil.rmtree(self.folder / state, ignore_errors=True)
         self.model = self.backend.prepare_model(self.folder / "model")
         self.http_port = self.leases.take()
         nats_port = self.leases.take() if self.case.plane == "nats" else None

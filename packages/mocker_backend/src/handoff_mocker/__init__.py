@@ -60,6 +60,8 @@ class MockerBackend(Backend):
             plane,
             "--speedup-ratio",
             str(self.speedup_ratio),
+            "--disaggregation-mode",
+            {"aggregate": "agg"}.get(role, role),
         ]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 
