@@ -1,14 +1,20 @@
-"""The case model: axes, cases with stable ids, and the published selections per topology.
+"""The case model: axes, topologies and their constraints, cases with stable ids, and the
+published selections with the coverage each promises.
 
 Case ids are published (CI dashboards key on them): they never change once released.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from handoff.covering import format_pair, missing_pairs, product_rows
 from handoff.errors import HandoffError
+
+if TYPE_CHECKING:
+    from handoff.backend import Backend
 
 POLICIES = (
     "migration_enabled",
@@ -20,9 +26,8 @@ FAULTS = ("worker_failure", "graceful_shutdown")
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
-TOPOLOGIES = ("aggregate", "prefill", "decode", "kv_transfer")
 
-#: The five axes that make a case id, in id order; topology names the selection a case is in.
+#: The five axes of a case, in id order; the topology names the selection a case is in.
 AXES: dict[str, tuple[str, ...]] = {
     "policy": POLICIES,
     "fault": FAULTS,
@@ -35,8 +40,167 @@ SELECTIONS = ("pre_merge", "nightly")
 
 
 @dataclass(frozen=True)
+class Restriction:
+    """A topology allows only `allowed` values of `axis`, because `why`."""
+
+    axis: str
+    allowed: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Promise:
+    """The coverage a selection promises: every allowed pair of values among the axes in
+    `pairs_over`, and every allowed value of each axis in `each_value_of`."""
+
+    pairs_over: tuple[str, ...] = ()
+    each_value_of: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        parts = []
+        if self.pairs_over:
+            parts.append("every pair over " + ", ".join(self.pairs_over))
+        if self.each_value_of:
+            parts.append("every value of " + ", ".join(self.each_value_of))
+        return "; ".join(parts)
+
+
+#: The full product of a topology covers everything; nightly selections promise it.
+EVERYTHING = Promise(pairs_over=tuple(AXES), each_value_of=tuple(AXES))
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which worker the fault hits, when, and which rows this topology allows."""
+
+    name: str
+    #: The role of the worker the fault hits.
+    target_role: str
+    #: "decoding": after tokens have streamed; "prefill": before the first token.
+    fault_window: str
+    restrictions: tuple[Restriction, ...]
+    #: Axes fixed by a restriction that the published ids leave out.
+    omitted_from_id: tuple[str, ...]
+    pre_merge_ids: tuple[str, ...]
+    pre_merge_promise: Promise
+    #: The verdict must also prove that the request's KV prefix was transferred.
+    proves_kv_transfer: bool = False
+
+    @property
+    def id_axes(self) -> tuple[str, ...]:
+        return tuple(a for a in AXES if a not in self.omitted_from_id)
+
+    def allowed(self) -> dict[str, tuple[str, ...]]:
+        """Each axis with the values this topology allows."""
+        values = dict(AXES)
+        for r in self.restrictions:
+            values[r.axis] = r.allowed
+        return values
+
+    def restriction_on(self, axis: str, value: str) -> Restriction | None:
+        """The restriction that forbids `value` of `axis` here, if any."""
+        return next(
+            (r for r in self.restrictions if r.axis == axis and value not in r.allowed), None
+        )
+
+
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t
+    for t in (
+        Topology(
+            name="aggregate",
+            target_role="aggregate",
+            fault_window="decoding",
+            restrictions=(),
+            omitted_from_id=(),
+            pre_merge_ids=(
+                "migration_enabled-worker_failure-chat-stream-nats",
+                "migration_enabled-graceful_shutdown-completion-unary-tcp",
+                "migration_disabled-worker_failure-chat-unary-tcp",
+                "migration_disabled-graceful_shutdown-completion-stream-nats",
+                "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
+                "max_seq_len_exceeded-graceful_shutdown-chat-unary-nats",
+                "max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
+                "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+            ),
+            pre_merge_promise=Promise(pairs_over=tuple(AXES)),
+        ),
+        Topology(
+            name="decode",
+            target_role="decode",
+            fault_window="decoding",
+            restrictions=(
+                Restriction(
+                    "response",
+                    ("stream",),
+                    "a unary response leaves nothing in flight to fault once it is complete; "
+                    "the decode fault is proven by streamed chunks",
+                ),
+            ),
+            omitted_from_id=(),
+            pre_merge_ids=(
+                "migration_enabled-worker_failure-chat-stream-nats",
+                "migration_disabled-graceful_shutdown-completion-stream-nats",
+                "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
+                "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+            ),
+            # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
+            pre_merge_promise=Promise(
+                pairs_over=("fault", "api", "plane"), each_value_of=("policy",)
+            ),
+        ),
+        Topology(
+            name="kv_transfer",
+            target_role="decode",
+            fault_window="decoding",
+            restrictions=(
+                Restriction(
+                    "policy",
+                    ("migration_enabled",),
+                    "these cases qualify migrating a request whose KV prefix was transferred; "
+                    "the policies are qualified by the aggregate and decode cases",
+                ),
+            ),
+            omitted_from_id=("policy",),
+            pre_merge_ids=(
+                "worker_failure-chat-stream-nats",
+                "graceful_shutdown-chat-unary-tcp",
+            ),
+            pre_merge_promise=Promise(each_value_of=("fault", "response", "plane")),
+            proves_kv_transfer=True,
+        ),
+        Topology(
+            name="prefill",
+            target_role="prefill",
+            fault_window="prefill",
+            restrictions=(),
+            omitted_from_id=(),
+            pre_merge_ids=(
+                "migration_enabled-worker_failure-chat-stream-nats",
+                "migration_disabled-graceful_shutdown-completion-unary-nats",
+                "max_seq_len_exceeded-worker_failure-completion-unary-tcp",
+                "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+            ),
+            pre_merge_promise=Promise(
+                pairs_over=("fault", "api", "plane"), each_value_of=("policy", "response")
+            ),
+        ),
+    )
+}
+
+
+def topology(name: str) -> Topology:
+    try:
+        return TOPOLOGIES[name]
+    except KeyError:
+        raise HandoffError(
+            f"unknown topology {name!r}: use one of {', '.join(TOPOLOGIES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
 class Case:
-    """One value per axis. `id` joins the five id axes with '-' in AXES order."""
+    """One value per axis, in one topology. `id` joins the topology's id axes with '-'."""
 
     policy: str
     fault: str
@@ -46,72 +210,85 @@ class Case:
     topology: str = "aggregate"
 
     def __post_init__(self) -> None:
+        where = topology(self.topology)
         for f in fields(self):
-            allowed = TOPOLOGIES if f.name == "topology" else AXES[f.name]
+            if f.name == "topology":
+                continue
             value = getattr(self, f.name)
-            if value not in allowed:
-                raise HandoffError(f"unknown {f.name} {value!r}: use one of {', '.join(allowed)}")
+            if value not in AXES[f.name]:
+                raise HandoffError(
+                    f"unknown {f.name} {value!r}: use one of {', '.join(AXES[f.name])}"
+                )
+            if rule := where.restriction_on(f.name, value):
+                raise HandoffError(
+                    f"{self.topology} cases allow {f.name} {', '.join(rule.allowed)} only, "
+                    f"not {value!r}: {rule.why}"
+                )
 
     @property
     def id(self) -> str:
-        return "-".join(getattr(self, axis) for axis in AXES)
+        return "-".join(getattr(self, axis) for axis in topology(self.topology).id_axes)
 
     @property
     def key(self) -> str:
-        """Unique across topologies: `aggregate/<id>`; the pytest item id and log folder name."""
+        """Unique across topologies: `<topology>/<id>`; the pytest item id and log folder."""
         return f"{self.topology}/{self.id}"
 
     @classmethod
-    def from_id(cls, case_id: str, topology: str = "aggregate") -> Case:
+    def from_id(cls, case_id: str, topology_name: str = "aggregate") -> Case:
+        where = topology(topology_name)
         values = case_id.split("-")
-        if len(values) != len(AXES):
+        if len(values) != len(where.id_axes):
+            example = "-".join(where.allowed()[a][0] for a in where.id_axes)
             raise HandoffError(
-                f"malformed case id {case_id!r}: expected {'-'.join(AXES)}, "
-                f"e.g. migration_enabled-worker_failure-chat-stream-nats"
+                f"malformed {topology_name} case id {case_id!r}: expected "
+                f"{'-'.join(where.id_axes)}, e.g. {example}"
             )
-        return cls(*values, topology=topology)
+        row = {a: where.allowed()[a][0] for a in where.omitted_from_id}
+        row.update(zip(where.id_axes, values, strict=True))
+        return cls(**row, topology=topology_name)
 
     def row(self) -> dict[str, str]:
         return {axis: getattr(self, axis) for axis in AXES}
 
 
-#: Aggregate pre-merge: eight published rows covering every pair of values of the five axes.
-AGGREGATE_PRE_MERGE = tuple(
-    Case.from_id(case_id)
-    for case_id in (
-        "migration_enabled-worker_failure-chat-stream-nats",
-        "migration_enabled-graceful_shutdown-completion-unary-tcp",
-        "migration_disabled-worker_failure-chat-unary-tcp",
-        "migration_disabled-graceful_shutdown-completion-stream-nats",
-        "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
-        "max_seq_len_exceeded-graceful_shutdown-chat-unary-nats",
-        "max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
-        "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
-    )
-)
-
-#: Aggregate nightly: the full 4x2x2x2x2 product.
-AGGREGATE_NIGHTLY = tuple(Case(**row) for row in product_rows(AXES))
-
-_SELECTIONS: dict[tuple[str, str], tuple[Case, ...]] = {
-    ("aggregate", "pre_merge"): AGGREGATE_PRE_MERGE,
-    ("aggregate", "nightly"): AGGREGATE_NIGHTLY,
-}
+def selection(topology_name: str, name: str) -> tuple[Case, ...]:
+    """The published cases of one topology and selection, in published order."""
+    where = topology(topology_name)
+    if name == "pre_merge":
+        return tuple(Case.from_id(i, topology_name) for i in where.pre_merge_ids)
+    if name == "nightly":
+        return tuple(Case(**row, topology=topology_name) for row in product_rows(where.allowed()))
+    raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
 
 
-def selection(topology: str, name: str) -> tuple[Case, ...]:
-    """The published cases of one topology and selection."""
-    if name not in SELECTIONS:
-        raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
-    try:
-        return _SELECTIONS[(topology, name)]
-    except KeyError:
-        known = sorted({t for t, _ in _SELECTIONS})
-        raise HandoffError(
-            f"no {name} selection for topology {topology!r}: use one of {', '.join(known)}"
-        ) from None
+def promise(topology_name: str, name: str) -> Promise:
+    return topology(topology_name).pre_merge_promise if name == "pre_merge" else EVERYTHING
 
 
-def uncovered_pairs(cases: tuple[Case, ...] | list[Case]) -> list[str]:
-    """Every pair of axis values that no case covers, named; empty when the pairs all hold."""
-    return [format_pair(p) for p in missing_pairs(AXES, [c.row() for c in cases])]
+def unmet(topology_name: str, cases: tuple[Case, ...] | list[Case], kept: Promise) -> list[str]:
+    """What `cases` fail to cover of the promise, named; empty when the promise holds.
+
+    Only rows the topology allows are required: a restricted value is never missing.
+    """
+    allowed = topology(topology_name).allowed()
+    rows = [c.row() for c in cases]
+    pairs = {a: allowed[a] for a in kept.pairs_over}
+    missing = [format_pair(p) for p in missing_pairs(pairs, rows, product_rows(allowed))]
+    for axis in kept.each_value_of:
+        seen = {row[axis] for row in rows}
+        missing += [f"{axis}={v}" for v in allowed[axis] if v not in seen]
+    return missing
+
+
+def backend_cases(backend: Backend, topologies: Sequence[str] | None, name: str) -> list[Case]:
+    """The selection's cases of the given topologies (default: all the backend runs).
+
+    Naming a topology the backend does not run is an error that says why.
+    """
+    if topologies:
+        for t in topologies:
+            topology(t)
+            backend.roles(t)
+    chosen = topologies or [t for t in TOPOLOGIES if t in backend.topologies]
+    return [case for t in chosen for case in selection(t, name)]

@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from handoff.cases import SELECTIONS, selection, uncovered_pairs
+from handoff.cases import SELECTIONS, TOPOLOGIES, promise, selection, topology, unmet
 from handoff.errors import HandoffError
 from handoff.plugins import backends, get_backend
 
@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = commands.add_parser("cases", help="case ids of a backend's selection")
     cases.add_argument("--backend", required=True)
     cases.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
-    cases.add_argument("--topology", default="aggregate")
+    cases.add_argument(
+        "--topology", action="append", help="repeatable; default: every topology there is"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "backends":
@@ -41,18 +43,25 @@ def list_backends() -> int:
     return 0
 
 
-def list_cases(backend_name: str, topology: str, selection_name: str) -> int:
+def list_cases(backend_name: str, topologies: list[str] | None, selection_name: str) -> int:
+    """Each topology's ids under a `#` header with its promise, or why the backend skips it."""
     backend = get_backend(backend_name)
-    backend.require_topology(topology)
-    chosen = selection(topology, selection_name)
-    for case in chosen:
-        print(case.id)
-    missing = uncovered_pairs(chosen)
-    print(
-        f"# {len(chosen)} {topology} {selection_name} cases; pairwise coverage: "
-        + ("complete" if not missing else "missing " + "; ".join(missing)),
-        file=sys.stderr,
-    )
+    for name in topologies or list(TOPOLOGIES):
+        topology(name)
+        if name not in backend.topologies:
+            why = backend.unsupported.get(name, "not declared by the backend")
+            print(f"# {name}: not run by {backend_name}: {why}")
+            continue
+        chosen = selection(name, selection_name)
+        kept = promise(name, selection_name)
+        missing = unmet(name, chosen, kept)
+        full = len(selection(name, "nightly"))
+        status = "holds" if not missing else "BROKEN, missing " + "; ".join(missing)
+        print(
+            f"# {name} {selection_name}: {len(chosen)} of {full} rows; {kept.describe()}: {status}"
+        )
+        for case in chosen:
+            print(case.id)
     return 0
 
 

@@ -39,7 +39,7 @@ class Deployment:
         case: Case,
         folder: Path,
         policy: Policy,
-        roles: tuple[str, ...] = ("aggregate", "aggregate"),
+        roles: tuple[str, ...],
     ) -> None:
         self.backend = backend
         self.case = case
@@ -81,7 +81,7 @@ class Deployment:
         )
         for i, role in enumerate(self.roles):
             ports = {name: self.leases.take() for name in self.backend.worker_ports}
-            launch = self.backend.worker(role, self.model, self.case.plane, ports)
+            launch = self.backend.worker(role, self.case, self.model, ports)
             name = f"worker-{i}-{role}"
             process = self._spawn(name, launch.argv, {**env, **launch.env})
             self.workers.append(Worker(name, role, process, ports))

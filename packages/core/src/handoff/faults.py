@@ -53,12 +53,16 @@ def prove_in_flight(
     holder: Worker,
     inflight: InFlight,
     tokens_seen: Callable[[], int],
+    window: str,
     tokens_needed: int,
     what: str,
     deadline: Deadline,
 ) -> str:
-    """Wait until `tokens_needed` tokens are out while the response is still open, then check
-    that `holder` still reports the request; fail the case if the window was missed."""
+    """Fail the case unless the request is provably in its fault window on `holder`, say how.
+
+    "decoding": wait until `tokens_needed` tokens are out while the response is open.
+    "prefill": no token may be out yet. Either way `holder` must still report the request.
+    """
 
     def probe() -> tuple[int | None, str]:
         if inflight.finished:
@@ -69,7 +73,15 @@ def prove_in_flight(
         seen = tokens_seen()
         return (seen if seen >= tokens_needed else None), f"{seen} {what}"
 
-    seen = poll_until(probe, deadline, f"{tokens_needed} {what}")
+    if window == "prefill":
+        seen = tokens_seen()
+        if seen:
+            raise CaseFailure(
+                f"missed the fault window: {seen} {what} before the fault, which must land "
+                f"during prefill, before the first token"
+            )
+    else:
+        seen = poll_until(probe, deadline, f"{tokens_needed} {what}")
     still_held = holder in backend.holders([holder])
     if inflight.finished or not still_held:
         raise CaseFailure(

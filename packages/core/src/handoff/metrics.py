@@ -12,6 +12,7 @@ MIGRATION_TOTAL = "dynamo_frontend_model_migration_total"
 MIGRATION_DURATION_COUNT = "dynamo_frontend_model_migration_duration_seconds_count"
 MAX_SEQ_LEN_EXCEEDED = "dynamo_frontend_model_migration_max_seq_len_exceeded_total"
 OUTPUT_TOKENS = "dynamo_frontend_output_tokens_total"
+TTFT = "dynamo_frontend_time_to_first_token_seconds"
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
@@ -37,6 +38,13 @@ def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
 def frontend_output_tokens(url: str, model: str) -> int:
     """Tokens the frontend has received from workers: how far a unary request has got."""
     return int(sample_sum(scrape(url), OUTPUT_TOKENS, {"model": model}))
+
+
+def frontend_mean_ttft(url: str, model: str) -> float | None:
+    """Mean time to first token the frontend has observed, None before any first token."""
+    text = scrape(url)
+    count = sample_sum(text, TTFT + "_count", {"model": model})
+    return sample_sum(text, TTFT + "_sum", {"model": model}) / count if count else None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
-"""What each migration policy means: the frontend flags that set it, and what must follow.
+"""What each migration policy means: the frontend flags that set it, and what must follow a
+fault in each fault window.
 
-The expected counters are what Dynamo 1.6.1 really produces after one fault mid-request
-(observed, and pinned by the end-to-end cases): even a refused migration is counted as an
-ongoing_request migration attempt, with a failed outcome.
+The expected outcomes are what Dynamo 1.6.1 really does (observed, and pinned by the
+end-to-end cases):
+- A fault while decoding is counted as an ongoing_request migration, even when the policy then
+  refuses it (a failed outcome).
+- A fault on a prefill worker before the first token is counted as a new_request migration and
+  retried on another prefill worker unless migration is off. The sequence cap is checked (the
+  max_seq_len_exceeded counter rises) but does not stop that retry: the request completes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from handoff.errors import HandoffError
 
@@ -23,14 +28,6 @@ class Policy:
     name: str
     migration_limit: int
     max_seq_len: int | None
-    #: True: the response completes in full; False: the client sees an API error.
-    completes: bool
-    #: Expected frontend counters after one fault: ongoing_request, max_seq_len_exceeded,
-    #: migrations that succeeded, migrations that failed. new_request is always 0.
-    ongoing_request: int
-    max_seq_len_exceeded: int
-    succeeded: int
-    failed: int
 
     def frontend_flags(self) -> list[str]:
         flags = ["--migration-limit", str(self.migration_limit)]
@@ -39,14 +36,42 @@ class Policy:
         return flags
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What must follow one fault: the response completes in full (or the client sees an API
+    error), and the frontend's migration counters read exactly these values."""
+
+    completes: bool
+    ongoing_request: int
+    new_request: int
+    max_seq_len_exceeded: int
+    succeeded: int
+    failed: int
+
+    def counts(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if k != "completes"}
+
+
 POLICIES = {
     p.name: p
     for p in (
-        Policy("migration_enabled", ENABLED_LIMIT, None, True, 1, 0, 1, 0),
-        Policy("migration_disabled", 0, None, False, 1, 0, 0, 1),
-        Policy("max_seq_len_exceeded", ENABLED_LIMIT, CAP_EXCEEDED, False, 1, 1, 0, 1),
-        Policy("max_seq_len_not_exceeded", ENABLED_LIMIT, CAP_NOT_EXCEEDED, True, 1, 0, 1, 0),
+        Policy("migration_enabled", ENABLED_LIMIT, None),
+        Policy("migration_disabled", 0, None),
+        Policy("max_seq_len_exceeded", ENABLED_LIMIT, CAP_EXCEEDED),
+        Policy("max_seq_len_not_exceeded", ENABLED_LIMIT, CAP_NOT_EXCEEDED),
     )
+}
+
+#: (fault window, policy) -> the outcome Dynamo produces.
+OUTCOMES = {
+    ("decoding", "migration_enabled"): Outcome(True, 1, 0, 0, 1, 0),
+    ("decoding", "migration_disabled"): Outcome(False, 1, 0, 0, 0, 1),
+    ("decoding", "max_seq_len_exceeded"): Outcome(False, 1, 0, 1, 0, 1),
+    ("decoding", "max_seq_len_not_exceeded"): Outcome(True, 1, 0, 0, 1, 0),
+    ("prefill", "migration_enabled"): Outcome(True, 0, 1, 0, 1, 0),
+    ("prefill", "migration_disabled"): Outcome(False, 0, 1, 0, 0, 1),
+    ("prefill", "max_seq_len_exceeded"): Outcome(True, 0, 1, 1, 1, 0),
+    ("prefill", "max_seq_len_not_exceeded"): Outcome(True, 0, 1, 0, 1, 0),
 }
 
 
@@ -55,3 +80,7 @@ def policy(name: str) -> Policy:
         return POLICIES[name]
     except KeyError:
         raise HandoffError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}") from None
+
+
+def expected_outcome(fault_window: str, policy_name: str) -> Outcome:
+    return OUTCOMES[(fault_window, policy_name)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.cases import SELECTIONS, selection
+from handoff.cases import SELECTIONS, backend_cases
 from handoff.errors import HandoffError
 from handoff.plugins import get_backend
 from handoff.runner import Settings
@@ -27,7 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--handoff-selection", default="pre_merge", choices=SELECTIONS, help="case selection"
     )
-    group.addoption("--handoff-topology", default="aggregate", help="topology whose cases to run")
+    group.addoption(
+        "--handoff-topology",
+        action="append",
+        help="topology whose cases to run (repeatable); default: every one the backend runs",
+    )
     group.addoption(
         "--handoff-logs",
         default=".handoff/runs",
@@ -78,15 +82,16 @@ def case_params(config: pytest.Config) -> list:
             "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker"
         )
     backend = get_backend(name)
-    topology = config.getoption("handoff_topology")
-    backend.require_topology(topology)
     chosen = config.getoption("handoff_selection")
     marks = [
         getattr(pytest.mark, chosen),
         getattr(pytest.mark, backend.name),
         pytest.mark.timeout(backend.case_timeout_s),
     ]
-    return [pytest.param(c, id=c.key, marks=marks) for c in selection(topology, chosen)]
+    return [
+        pytest.param(case, id=case.key, marks=marks)
+        for case in backend_cases(backend, config.getoption("handoff_topology"), chosen)
+    ]
 
 
 @pytest.fixture(scope="session")

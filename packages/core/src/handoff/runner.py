@@ -11,26 +11,23 @@ import requests
 
 from handoff import faults, metrics
 from handoff.backend import Backend
-from handoff.cases import Case
+from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
-from handoff.policies import Policy, policy
+from handoff.policies import Outcome, Policy, expected_outcome, policy
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.verdict import Verdict, count_problems, judge, observed
+from handoff.verdict import Verdict, count_problems, judge, transfer_problems
 
-#: Words any tokenizer splits into a few dozen tokens; the output length makes the case, not this.
-PROMPT = " ".join(f"t{i}" for i in range(100, 132))
 METRICS_SETTLE_S = 3.0
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Knobs of a case run. The output length must outlast the graceful bound: a request that
-    finishes inside the bound fails its case rather than passing without a migration."""
+    """Knobs of a case run. The backend sizes each request to outlast the default graceful
+    bound; a request that ends before its fault fails its case rather than passing."""
 
-    max_tokens: int = 800
     in_flight_tokens: int = 5
     graceful_bound_s: float = 2.0
     startup_timeout_s: float = 60.0
@@ -53,7 +50,7 @@ def run_case(
     settings: Settings,
     timeout_s: float,
     frontend_policy: Policy | None = None,
-    roles: tuple[str, ...] = ("aggregate", "aggregate"),
+    roles: tuple[str, ...] | None = None,
 ) -> CaseResult:
     """Run one case inside `timeout_s`; every process it started is gone when it returns.
 
@@ -63,9 +60,15 @@ def run_case(
     started = time.monotonic()
     history = History()
     deadline = Deadline(timeout_s)
-    deployment = Deployment(backend, case, folder, frontend_policy or policy(case.policy), roles)
+    deployment = Deployment(
+        backend,
+        case,
+        folder,
+        frontend_policy or policy(case.policy),
+        roles or backend.roles(case.topology),
+    )
     try:
-        history.record("launch", roles=list(roles))
+        history.record("launch", roles=list(deployment.roles))
         deployment.start(deadline.within(settings.startup_timeout_s))
         history.record(
             "ready",
@@ -92,51 +95,86 @@ def run_case(
 def exercise(
     deployment: Deployment, case: Case, settings: Settings, deadline: Deadline, history: History
 ) -> Verdict:
-    """Send the request, fault the worker that holds it mid-flight, and judge the outcome."""
-    backend, case_policy = deployment.backend, policy(case.policy)
+    """Send the request, fault the worker that holds it in its window, and judge the outcome."""
+    backend, where = deployment.backend, topology(case.topology)
     assert deployment.model is not None
+    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
+    shape = backend.shape(case)
     stream = case.response == "stream"
-    request = Request(case.api, stream, deployment.model.name, PROMPT, settings.max_tokens)
+    request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
     inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
-    history.record("request_sent", api=case.api, stream=stream, max_tokens=settings.max_tokens)
-    holder = faults.find_holder(backend, deployment.workers, inflight, deadline)
+    history.record(
+        "request_sent",
+        api=case.api,
+        stream=stream,
+        prompt_tokens=shape.prompt_tokens,
+        max_tokens=shape.max_tokens,
+    )
+    targets = [w for w in deployment.workers if w.role == where.target_role]
+    holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
     if stream:
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
-        metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
         tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model)  # noqa: E731
         what = "tokens received by the frontend"
     proof = faults.prove_in_flight(
-        backend, holder, inflight, tokens_seen, settings.in_flight_tokens, what, deadline
+        backend,
+        holder,
+        inflight,
+        tokens_seen,
+        where.fault_window,
+        settings.in_flight_tokens,
+        what,
+        deadline,
     )
     history.record("in_flight_proven", how=proof)
+    evidence = transfer_evidence(backend, case, metrics_url, model, history)
+    history.record("fault_sent", fault=case.fault, worker=holder.name)
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
     history.record("worker_gone", signals=list(fault.signals))
     inflight.wait_finished(deadline)
     history.record("response_finished", response=inflight.response.summary())
-    counts = settled_counts(deployment, case_policy, backend.migration_counts, deadline)
-    history.record("metrics_read", **observed(inflight.response, counts))
+    expected = expected_outcome(where.fault_window, case.policy)
+    counts = settled_counts(metrics_url, model, expected, backend.migration_counts, deadline)
+    history.record("metrics_read", counts=counts.as_dict())
     return judge(
-        case_policy, inflight.response, counts, fault, settings.max_tokens, backend.migration_counts
+        expected,
+        case.policy,
+        inflight.response,
+        counts,
+        fault,
+        shape.max_tokens,
+        backend.migration_counts,
+        evidence,
     )
 
 
-def settled_counts(
-    deployment: Deployment, case_policy: Policy, mode: str, deadline: Deadline
-) -> metrics.MigrationCounts:
-    """The frontend's counters once they agree with the policy, or as last seen at the bound.
+def transfer_evidence(
+    backend: Backend, case: Case, metrics_url: str, model: str, history: History
+) -> list[str]:
+    """kv_transfer cases: the first token, read before the fault, came after the transfer."""
+    if not topology(case.topology).proves_kv_transfer:
+        return []
+    floor = backend.kv_transfer_floor_s(case)
+    if floor is None:
+        return [f"backend {backend.name!r} gives no KV transfer time: the transfer is unproven"]
+    ttft = metrics.frontend_mean_ttft(metrics_url, model)
+    history.record("kv_transfer_checked", ttft_s=ttft, transfer_floor_s=round(floor, 4))
+    return transfer_problems(ttft, floor)
 
-    Counters are updated asynchronously to the response, so a reading taken the instant the
-    client finished may lag; a wrong count still fails, with the value seen at the bound.
-    """
-    assert deployment.model is not None
-    url, model = deployment.base_url + "/metrics", deployment.model.name
+
+def settled_counts(
+    metrics_url: str, model: str, expected: Outcome, mode: str, deadline: Deadline
+) -> metrics.MigrationCounts:
+    """The frontend's counters once they agree with the expectation, or as last seen at the
+    bound. Counters are updated asynchronously to the response, so a reading taken the instant
+    the client finished may lag; a wrong count still fails, with the value seen at the bound."""
     last: list[metrics.MigrationCounts] = []
 
     def probe() -> tuple[metrics.MigrationCounts | None, str]:
-        last[:] = [metrics.MigrationCounts.parse(metrics.scrape(url), model)]
-        agree = not count_problems(case_policy, last[0], mode)
+        last[:] = [metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)]
+        agree = not count_problems(expected, last[0], mode)
         return (last[0] if agree else None), str(last[0])
 
     try:

@@ -3,13 +3,13 @@ frontend's counters saw."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from handoff.client import Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
-from handoff.policies import Policy
+from handoff.policies import Outcome
 
 
 @dataclass
@@ -24,39 +24,31 @@ class Verdict:
         return head if not self.reasons else f"{head}: " + "; ".join(self.reasons)
 
 
-def expected_counts(policy: Policy) -> dict[str, int]:
-    return {
-        "ongoing_request": policy.ongoing_request,
-        "new_request": 0,
-        "max_seq_len_exceeded": policy.max_seq_len_exceeded,
-        "succeeded": policy.succeeded,
-        "failed": policy.failed,
-    }
-
-
-def count_problems(policy: Policy, counts: MigrationCounts, mode: str) -> list[str]:
+def count_problems(expected: Outcome, counts: MigrationCounts, mode: str) -> list[str]:
     """Counter mismatches. In lower_bound mode a counter may exceed its expectation, except
-    new_request, which must stay 0 (a fault mid-request is never a new request)."""
+    new_request when none is expected (a fault mid-decode is never a new request)."""
     seen = counts.as_dict()
     problems = []
-    for name, want in expected_counts(policy).items():
+    for name, want in expected.counts().items():
         got = seen[name]
-        exact = mode == "exact" or name == "new_request"
+        exact = mode == "exact" or (name == "new_request" and want == 0)
         if (got != want) if exact else (got < want):
             relation = "" if exact else "at least "
             problems.append(f"migration counter {name} = {got}, expected {relation}{want}")
     return problems
 
 
-def response_problems(policy: Policy, response: Response, max_tokens: int) -> list[str]:
-    if policy.completes:
+def response_problems(
+    expected: Outcome, policy_name: str, response: Response, max_tokens: int
+) -> list[str]:
+    if expected.completes:
         return completion_problems(response, max_tokens)
     if response.exception:
         return [f"expected an API error, but the connection failed: {response.exception}"]
     if response.status != 200 or response.error is not None:
         return []
     return [
-        f"policy {policy.name} requires an API error after the fault, "
+        f"policy {policy_name} requires an API error after the fault, "
         f"but the response ended without one: {response.summary()}"
     ]
 
@@ -78,25 +70,43 @@ def completion_problems(response: Response, max_tokens: int) -> list[str]:
     return problems
 
 
+def transfer_problems(ttft_s: float | None, floor_s: float) -> list[str]:
+    """Evidence that the KV transfer happened: the first token cannot come before it is done."""
+    if ttft_s is None:
+        return ["the frontend recorded no time to first token: the KV transfer is unproven"]
+    if ttft_s < floor_s:
+        return [
+            f"time to first token {ttft_s:.3f} s is shorter than the KV transfer takes "
+            f"({floor_s:.3f} s): no transfer happened"
+        ]
+    return []
+
+
 def judge(
-    policy: Policy,
+    expected: Outcome,
+    policy_name: str,
     response: Response,
     counts: MigrationCounts,
     fault: FaultReport,
     max_tokens: int,
     mode: str,
+    evidence: Sequence[str] = (),
 ) -> Verdict:
+    """`evidence`: problems found by topology-specific checks (the KV transfer) to add."""
     problems = []
     if fault.response_done_at_kill:
         problems.append(
             f"the response had ended before {fault.signals[-1]} reached {fault.worker}: "
             f"the request was not in flight at the fault (raise the output length)"
         )
-    problems += response_problems(policy, response, max_tokens)
-    problems += count_problems(policy, counts, mode)
+    problems += response_problems(expected, policy_name, response, max_tokens)
+    if expected.ongoing_request + expected.new_request and not (
+        counts.ongoing_request + counts.new_request
+    ):
+        problems.append(
+            f"the frontend counted no migration at all: {fault.worker}, which was faulted, "
+            f"was not serving the request"
+        )
+    problems += count_problems(expected, counts, mode)
+    problems += evidence
     return Verdict(passed=not problems, reasons=problems, phase="verdict")
-
-
-def observed(response: Response, counts: MigrationCounts) -> dict[str, Any]:
-    """What the verdict was based on, for the history."""
-    return {"response": response.summary(), "counts": counts.as_dict()}
