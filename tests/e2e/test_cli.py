@@ -2,7 +2,7 @@
 
 import subprocess
 
-from handoff.cases import AGGREGATE_PRE_MERGE
+from handoff.cases import TOPOLOGIES, selection
 
 
 def handoff(*args):
@@ -16,17 +16,25 @@ def test_backends_lists_the_mocker_with_version_and_topologies():
     assert "0.1.0" in row and "aggregate" in row and "exact" in row
 
 
-def test_cases_lists_the_pre_merge_ids_and_their_coverage():
+def test_cases_lists_every_topology_with_its_promise():
     result = handoff("cases", "--backend", "mocker", "--selection", "pre_merge")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [c.id for c in AGGREGATE_PRE_MERGE]
-    assert "pairwise coverage: complete" in result.stderr
+    lines = result.stdout.splitlines()
+    ids = [line for line in lines if not line.startswith("#")]
+    assert ids == [c.id for t in TOPOLOGIES for c in selection(t, "pre_merge")]
+    headers = [line for line in lines if line.startswith("#")]
+    assert headers[0] == (
+        "# aggregate pre_merge: 8 of 64 rows; every pair over policy, fault, api, response, "
+        "plane: holds"
+    )
+    assert headers[1].startswith("# decode pre_merge: 4 of 32 rows; every pair over fault, api")
+    assert all(h.endswith(": holds") for h in headers)
 
 
 def test_unknown_backend_and_topology_fail_in_one_line():
     for args, message in [
         (("cases", "--backend", "nope"), "unknown backend 'nope'"),
-        (("cases", "--backend", "mocker", "--topology", "decode"), "does not support topology"),
+        (("cases", "--backend", "mocker", "--topology", "mesh"), "unknown topology 'mesh'"),
     ]:
         result = handoff(*args)
         assert result.returncode == 2

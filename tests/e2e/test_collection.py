@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from handoff.cases import AGGREGATE_PRE_MERGE
+from handoff.cases import TOPOLOGIES, selection
 
 
 def qualification(*args, timeout=300):
@@ -35,18 +35,20 @@ def collected(*args):
 
 def test_items_carry_the_case_keys():
     ids = [item.split("[", 1)[1].rstrip("]") for item in collected()]
-    assert ids == [c.key for c in AGGREGATE_PRE_MERGE]
+    assert ids == [c.key for t in TOPOLOGIES for c in selection(t, "pre_merge")]
 
 
 @pytest.mark.parametrize(
     ("args", "count"),
     [
-        (("-m", "pre_merge and mocker"), 8),
+        (("-m", "pre_merge and mocker"), 18),
         (("-m", "nightly"), 0),
-        (("-k", "nats"), 4),
-        (("-k", "migration_disabled and unary"), 1),
-        (("--handoff-selection", "nightly"), 64),
-        (("--handoff-selection", "nightly", "-m", "nightly"), 64),
+        (("-k", "aggregate and nats"), 4),
+        (("-k", "aggregate and migration_disabled and unary"), 1),
+        (("--handoff-topology", "decode"), 4),
+        (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
+        (("--handoff-selection", "nightly"), 64 + 32 + 16 + 64),
+        (("--handoff-selection", "nightly", "--handoff-topology", "aggregate"), 64),
     ],
 )
 def test_markers_and_keywords_select_cases(args, count):
@@ -80,7 +82,7 @@ def test_missing_backend_option_is_one_clear_line():
 
 
 def test_cases_run_on_two_xdist_workers():
-    result = qualification("-n", "2", "-k", "worker_failure")
+    result = qualification("-n", "2", "-k", "aggregate and worker_failure")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "4 cases: 4 passed, 0 failed" in result.stdout
     assert "4 passed" in result.stdout.splitlines()[-1]

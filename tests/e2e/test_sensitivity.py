@@ -4,6 +4,7 @@ running behind it."""
 
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -41,15 +42,15 @@ def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_pat
 def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
     reasons = failed_reasons(tmp_path, roles=("aggregate",))
     assert "the stream carried an error frame" in reasons
-    assert "None completion tokens in usage, expected 800" in reasons
+    assert "None completion tokens in usage, expected 512" in reasons
     assert "migration counter failed = 1, expected 0" in reasons
 
 
 class BadFlagMocker(MockerBackend):
     """A worker command line the mocker rejects: the worker exits during start-up."""
 
-    def worker(self, role, model, plane, ports):
-        launch = super().worker(role, model, plane, ports)
+    def worker(self, role, case, model, ports):
+        launch = super().worker(role, case, model, ports)
         return type(launch)([*launch.argv, "--no-such-flag"], launch.env)
 
 
@@ -82,11 +83,69 @@ def test_a_hung_system_fails_within_the_case_timeout(tmp_path, response):
     assert_ports_free(result)
 
 
-@pytest.mark.parametrize("response", ["stream", "unary"])
-def test_a_request_over_before_the_fault_window_fails_the_case(tmp_path, response):
-    case = Case.from_id(f"migration_enabled-worker_failure-chat-{response}-nats")
-    result = run_case(MockerBackend(), case, tmp_path, Settings(max_tokens=3), timeout_s=60)
+class ShortMocker(MockerBackend):
+    """Requests of three tokens: over before any fault window opens."""
+
+    def shape(self, case):
+        return replace(super().shape(case), max_tokens=3)
+
+
+@pytest.mark.parametrize(
+    ("key"),
+    [
+        "aggregate/migration_enabled-worker_failure-chat-stream-nats",
+        "aggregate/migration_enabled-worker_failure-chat-unary-nats",
+        "decode/migration_enabled-worker_failure-chat-stream-tcp",
+    ],
+)
+def test_a_request_over_before_the_fault_window_fails_the_case(tmp_path, key):
+    topology, case_id = key.split("/")
+    case = Case.from_id(case_id, topology)
+    result = run_case(ShortMocker(), case, tmp_path, SETTINGS, timeout_s=60)
     assert not result.verdict.passed
     assert result.verdict.phase in ("request_sent", "holder_found")
     assert result.verdict.reasons[0].startswith("missed the fault window: the response ended")
+    assert_ports_free(result)
+
+
+class WrongWorkerMocker(MockerBackend):
+    """A holder detector that points at the idle decode worker instead of the busy one."""
+
+    def holders(self, workers):
+        if len(workers) > 1:
+            self.pool = list(workers)
+        busy = super().holders(self.pool)
+        return [w for w in self.pool if w not in busy and w in workers] if busy else []
+
+
+def test_killing_the_wrong_decode_worker_fails_with_that_reason(tmp_path):
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "decode")
+    result = run_case(WrongWorkerMocker(), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    faulted = next(e for e in result.history.events if e.name == "fault_sent").data["worker"]
+    reasons = " | ".join(result.verdict.reasons)
+    assert (
+        f"the frontend counted no migration at all: {faulted}, which was faulted, "
+        f"was not serving the request"
+    ) in reasons
+    assert "migration counter ongoing_request = 0, expected 1" in reasons
+    assert_ports_free(result)
+
+
+class NoTransferMocker(MockerBackend):
+    """Prefill workers that transfer the KV cache instantly: no transfer time is simulated."""
+
+    def worker(self, role, case, model, ports):
+        launch = super().worker(role, case, model, ports)
+        argv = list(launch.argv)
+        if "--kv-transfer-bandwidth" in argv:
+            argv[argv.index("--kv-transfer-bandwidth") + 1] = "0"
+        return type(launch)(argv, launch.env)
+
+
+def test_a_kv_transfer_case_without_a_transfer_fails(tmp_path):
+    case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
+    result = run_case(NoTransferMocker(), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    assert any("no transfer happened" in r for r in result.verdict.reasons)
     assert_ports_free(result)

@@ -1,89 +1,141 @@
-"""The case model: stable ids, the published selections, and the pairwise check."""
+"""The case model: stable ids, restrictions as data, the published selections and promises."""
 
 import pytest
 
 from handoff.cases import (
-    AGGREGATE_NIGHTLY,
-    AGGREGATE_PRE_MERGE,
+    AXES,
+    EVERYTHING,
+    TOPOLOGIES,
     Case,
+    Promise,
+    promise,
     selection,
-    uncovered_pairs,
+    unmet,
 )
 from handoff.errors import HandoffError
 
-PUBLISHED_PRE_MERGE = [
-    "migration_enabled-worker_failure-chat-stream-nats",
-    "migration_enabled-graceful_shutdown-completion-unary-tcp",
-    "migration_disabled-worker_failure-chat-unary-tcp",
-    "migration_disabled-graceful_shutdown-completion-stream-nats",
-    "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
-    "max_seq_len_exceeded-graceful_shutdown-chat-unary-nats",
-    "max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
-    "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
-]
+#: Published ids, pinned here on purpose: CI dashboards key on them, so a change must fail.
+PUBLISHED_PRE_MERGE = {
+    "aggregate": [
+        "migration_enabled-worker_failure-chat-stream-nats",
+        "migration_enabled-graceful_shutdown-completion-unary-tcp",
+        "migration_disabled-worker_failure-chat-unary-tcp",
+        "migration_disabled-graceful_shutdown-completion-stream-nats",
+        "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
+        "max_seq_len_exceeded-graceful_shutdown-chat-unary-nats",
+        "max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
+        "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+    ],
+    "decode": [
+        "migration_enabled-worker_failure-chat-stream-nats",
+        "migration_disabled-graceful_shutdown-completion-stream-nats",
+        "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
+        "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+    ],
+    "kv_transfer": ["worker_failure-chat-stream-nats", "graceful_shutdown-chat-unary-tcp"],
+    "prefill": [
+        "migration_enabled-worker_failure-chat-stream-nats",
+        "migration_disabled-graceful_shutdown-completion-unary-nats",
+        "max_seq_len_exceeded-worker_failure-completion-unary-tcp",
+        "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+    ],
+}
 
 
-def test_pre_merge_keeps_its_published_ids_in_order():
-    assert [c.id for c in selection("aggregate", "pre_merge")] == PUBLISHED_PRE_MERGE
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_pre_merge_keeps_its_published_ids_in_order(name):
+    assert [c.id for c in selection(name, "pre_merge")] == PUBLISHED_PRE_MERGE[name]
 
 
-def test_id_joins_axis_values_in_order_and_round_trips():
+@pytest.mark.parametrize("name", TOPOLOGIES)
+@pytest.mark.parametrize("chosen", ["pre_merge", "nightly"])
+def test_every_published_selection_keeps_its_promise(name, chosen):
+    assert unmet(name, selection(name, chosen), promise(name, chosen)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "rows"), [("aggregate", 64), ("decode", 32), ("kv_transfer", 16), ("prefill", 64)]
+)
+def test_nightly_is_the_widest_product_the_restrictions_allow(name, rows):
+    cases = selection(name, "nightly")
+    assert len({c.id for c in cases}) == len(cases) == rows
+    assert set(PUBLISHED_PRE_MERGE[name]) <= {c.id for c in cases}
+
+
+def test_restricted_rows_are_never_generated():
+    assert all(c.response == "stream" for c in selection("decode", "nightly"))
+    assert all(c.policy == "migration_enabled" for c in selection("kv_transfer", "nightly"))
+
+
+def test_id_joins_the_topology_id_axes_and_round_trips():
     case = Case("migration_disabled", "graceful_shutdown", "completion", "stream", "nats")
     assert case.id == "migration_disabled-graceful_shutdown-completion-stream-nats"
     assert case.key == "aggregate/" + case.id
     assert Case.from_id(case.id) == case
-
-
-def test_nightly_is_the_full_product():
-    ids = [c.id for c in AGGREGATE_NIGHTLY]
-    assert len(ids) == len(set(ids)) == 4 * 2 * 2 * 2 * 2
-    assert set(PUBLISHED_PRE_MERGE) <= set(ids)
-
-
-def test_published_selections_cover_every_pair():
-    assert uncovered_pairs(AGGREGATE_PRE_MERGE) == []
-    assert uncovered_pairs(AGGREGATE_NIGHTLY) == []
+    kv = Case.from_id("graceful_shutdown-chat-unary-tcp", "kv_transfer")
+    assert (
+        kv.policy == "migration_enabled"
+        and kv.key == "kv_transfer/graceful_shutdown-chat-unary-tcp"
+    )
 
 
 def test_check_names_the_pairs_a_broken_selection_misses():
     # Dropping the first row loses every pair that only it covered.
-    broken = AGGREGATE_PRE_MERGE[1:]
-    missing = uncovered_pairs(broken)
+    broken = selection("aggregate", "pre_merge")[1:]
+    missing = unmet("aggregate", broken, promise("aggregate", "pre_merge"))
     assert "policy=migration_enabled & fault=worker_failure" in missing
     assert "policy=migration_enabled & api=chat" in missing
-    # Pairs another row still covers are not reported.
-    assert "fault=worker_failure & api=chat" not in missing
+    assert "fault=worker_failure & api=chat" not in missing  # another row still covers it
 
 
 def test_check_catches_a_one_value_swap():
-    # Same size, one plane flipped: some pair must go missing and be named.
-    rows = list(AGGREGATE_PRE_MERGE)
+    rows = list(selection("aggregate", "pre_merge"))
     rows[0] = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
-    assert "policy=migration_enabled & plane=nats" in uncovered_pairs(rows)
+    missing = unmet("aggregate", rows, promise("aggregate", "pre_merge"))
+    assert "policy=migration_enabled & plane=nats" in missing
+
+
+def test_each_value_promise_names_a_missing_value():
+    rows = selection("kv_transfer", "pre_merge")[:1]
+    missing = unmet("kv_transfer", rows, promise("kv_transfer", "pre_merge"))
+    assert missing == ["fault=graceful_shutdown", "response=unary", "plane=tcp"]
+
+
+def test_a_restricted_value_is_never_reported_missing():
+    # decode forbids unary: even the strongest promise does not ask for it.
+    missing = unmet("decode", selection("decode", "nightly"), EVERYTHING)
+    assert missing == []
+    assert "response=unary" not in unmet("decode", [], Promise(each_value_of=("response",)))
 
 
 @pytest.mark.parametrize(
-    ("case_id", "message"),
+    ("case_id", "topology", "message"),
     [
-        ("migration_enabled-worker_failure-chat-stream", "malformed case id"),
-        ("migration_enabled-worker_failure-chat-stream-udp", "unknown plane 'udp'"),
-        ("sometimes-worker_failure-chat-stream-nats", "unknown policy 'sometimes'"),
+        ("migration_enabled-worker_failure-chat-stream", "aggregate", "malformed aggregate"),
+        ("migration_enabled-worker_failure-chat-stream-udp", "aggregate", "unknown plane 'udp'"),
+        ("sometimes-worker_failure-chat-stream-nats", "aggregate", "unknown policy 'sometimes'"),
+        (
+            "migration_enabled-worker_failure-chat-unary-nats",
+            "decode",
+            "decode cases allow response stream only, not 'unary'",
+        ),
+        ("migration_enabled-worker_failure-chat-stream-nats", "kv_transfer", "malformed"),
+        ("migration_enabled-worker_failure-chat-stream-nats", "mesh", "unknown topology 'mesh'"),
     ],
 )
-def test_bad_case_ids_are_named(case_id, message):
+def test_bad_case_ids_are_named(case_id, topology, message):
     with pytest.raises(HandoffError, match=message):
-        Case.from_id(case_id)
+        Case.from_id(case_id, topology)
 
 
-def test_unknown_selection_and_topology_are_named():
+def test_unknown_selection_is_named():
     with pytest.raises(HandoffError, match="unknown selection 'weekly'"):
         selection("aggregate", "weekly")
-    with pytest.raises(HandoffError, match="no pre_merge selection for topology 'decode'"):
-        selection("decode", "pre_merge")
 
 
-def test_every_policy_value_has_a_meaning():
-    from handoff.cases import POLICIES as POLICY_AXIS
-    from handoff.policies import POLICIES
+def test_every_policy_value_has_a_meaning_in_every_window():
+    from handoff.policies import OUTCOMES, POLICIES
 
-    assert list(POLICIES) == list(POLICY_AXIS)
+    assert list(POLICIES) == list(AXES["policy"])
+    windows = {t.fault_window for t in TOPOLOGIES.values()}
+    assert set(OUTCOMES) == {(w, p) for w in windows for p in AXES["policy"]}

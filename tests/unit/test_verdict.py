@@ -5,8 +5,9 @@ import pytest
 from handoff.client import Chunk, Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
-from handoff.policies import POLICIES
-from handoff.verdict import judge
+from handoff.policies import OUTCOMES
+from handoff.verdict import judge as judge_outcome
+from handoff.verdict import transfer_problems
 
 MAX_TOKENS = 8
 SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False)
@@ -27,22 +28,27 @@ def counts(ongoing=1, new=0, exceeded=0, ok=1, failed=0) -> MigrationCounts:
     return MigrationCounts(ongoing, new, exceeded, ok, failed)
 
 
+def judge(policy, response, counts, fault, max_tokens, mode, window="decoding"):
+    outcome = OUTCOMES[(window, policy)]
+    return judge_outcome(outcome, policy, response, counts, fault, max_tokens, mode)
+
+
 SERVICE_UNAVAILABLE = {"message": "Service temporarily unavailable", "code": 503}
 
 
 def test_completed_migration_passes():
-    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(), SIGKILL, 8, "exact")
+    verdict = judge("migration_enabled", streamed(8), counts(), SIGKILL, 8, "exact")
     assert verdict.passed, verdict.reasons
 
 
 def test_short_response_fails_with_token_count():
-    verdict = judge(POLICIES["migration_enabled"], streamed(5), counts(), SIGKILL, 8, "exact")
+    verdict = judge("migration_enabled", streamed(5), counts(), SIGKILL, 8, "exact")
     assert "5 completion tokens in usage, expected 8" in verdict.reasons
 
 
 def test_cut_stream_fails_with_its_error_frame():
     response = streamed(3, finish=None, error=SERVICE_UNAVAILABLE)
-    verdict = judge(POLICIES["migration_enabled"], response, counts(), SIGKILL, 8, "exact")
+    verdict = judge("migration_enabled", response, counts(), SIGKILL, 8, "exact")
     assert not verdict.passed
     assert any("error frame" in r for r in verdict.reasons)
     assert "finish_reason None, expected 'length'" in verdict.reasons
@@ -50,37 +56,35 @@ def test_cut_stream_fails_with_its_error_frame():
 
 def test_disabled_policy_requires_an_api_error():
     failed = counts(ok=0, failed=1)
-    verdict = judge(POLICIES["migration_disabled"], streamed(8), failed, SIGKILL, 8, "exact")
+    verdict = judge("migration_disabled", streamed(8), failed, SIGKILL, 8, "exact")
     assert any("requires an API error" in r for r in verdict.reasons)
     erred = Response(status=503, error=SERVICE_UNAVAILABLE)
-    assert judge(POLICIES["migration_disabled"], erred, failed, SIGKILL, 8, "exact").passed
+    assert judge("migration_disabled", erred, failed, SIGKILL, 8, "exact").passed
 
 
 def test_transport_failure_is_not_an_api_error():
     response = Response(exception="ConnectionError: reset")
-    verdict = judge(
-        POLICIES["migration_disabled"], response, counts(0, 0, 0, 0, 1), SIGKILL, 8, "exact"
-    )
+    verdict = judge("migration_disabled", response, counts(0, 0, 0, 0, 1), SIGKILL, 8, "exact")
     assert any("connection failed" in r for r in verdict.reasons)
 
 
 def test_exact_mode_rejects_a_duplicate_migration_lower_bound_accepts_it():
     twice = counts(ongoing=2, ok=2)
-    exact = judge(POLICIES["migration_enabled"], streamed(8), twice, SIGKILL, 8, "exact")
+    exact = judge("migration_enabled", streamed(8), twice, SIGKILL, 8, "exact")
     assert "migration counter ongoing_request = 2, expected 1" in exact.reasons
-    lower = judge(POLICIES["migration_enabled"], streamed(8), twice, SIGKILL, 8, "lower_bound")
+    lower = judge("migration_enabled", streamed(8), twice, SIGKILL, 8, "lower_bound")
     assert lower.passed, lower.reasons
 
 
 @pytest.mark.parametrize("mode", ["exact", "lower_bound"])
 def test_new_request_migration_always_fails(mode):
-    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(new=1), SIGKILL, 8, mode)
+    verdict = judge("migration_enabled", streamed(8), counts(new=1), SIGKILL, 8, mode)
     assert "migration counter new_request = 1, expected 0" in verdict.reasons
 
 
 def test_missing_migration_fails_in_lower_bound_mode_too():
     verdict = judge(
-        POLICIES["migration_enabled"],
+        "migration_enabled",
         streamed(8),
         counts(0, 0, 0, 0, 0),
         SIGKILL,
@@ -92,5 +96,25 @@ def test_missing_migration_fails_in_lower_bound_mode_too():
 
 def test_a_response_over_before_the_kill_fails_the_graceful_case():
     late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True)
-    verdict = judge(POLICIES["migration_enabled"], streamed(8), counts(), late, 8, "exact")
+    verdict = judge("migration_enabled", streamed(8), counts(), late, 8, "exact")
     assert any("had ended before SIGKILL" in r for r in verdict.reasons)
+
+
+def test_a_prefill_fault_is_a_new_request_migration():
+    new = counts(ongoing=0, new=1)
+    verdict = judge("migration_enabled", streamed(8), new, SIGKILL, 8, "exact", window="prefill")
+    assert verdict.passed, verdict.reasons
+    wrong = judge("migration_enabled", streamed(8), counts(), SIGKILL, 8, "exact", "prefill")
+    assert "migration counter new_request = 0, expected 1" in wrong.reasons
+
+
+def test_no_migration_at_all_names_the_faulted_worker():
+    none = counts(0, 0, 0, 0, 0)
+    verdict = judge("migration_enabled", streamed(8), none, SIGKILL, 8, "exact")
+    assert any("counted no migration at all: worker-0" in r for r in verdict.reasons)
+
+
+def test_transfer_evidence():
+    assert transfer_problems(0.5, 0.42) == []
+    assert "no transfer happened" in transfer_problems(0.05, 0.42)[0]
+    assert "unproven" in transfer_problems(None, 0.42)[0]
