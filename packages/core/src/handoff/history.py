@@ -33,6 +33,23 @@ class History:
     def phase(self) -> str:
         return self.events[-1].name if self.events else "not started"
 
+    def phases(self) -> dict[str, float]:
+        """Seconds spent in the phases a reader compares, for those the case reached."""
+        at: dict[str, float] = {}
+        for e in self.events:
+            at.setdefault(e.name, e.at)
+        spans = {
+            "ready_s": ("launch", "ready"),
+            "request_s": ("request_sent", "response_finished"),
+            "fault_to_end_s": ("fault_sent", "response_finished"),
+            "total_s": ("launch", "teardown_done"),
+        }
+        return {
+            name: round(at[end] - at[start], 3)
+            for name, (start, end) in spans.items()
+            if start in at and end in at
+        }
+
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         events = [{"event": e.name, "at": e.at, **e.data} for e in self.events]

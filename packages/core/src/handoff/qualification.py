@@ -13,6 +13,7 @@ def test_migration(handoff_case, handoff_backend, handoff_settings, handoff_run_
     folder = handoff_run_dir / handoff_case.topology / handoff_case.id
     result = run_case(handoff_backend, handoff_case, folder, handoff_settings, timeout_s)
     request.node.user_properties.append(("verdict", result.verdict.summary()))
+    request.node.user_properties.extend(result.history.phases().items())
     if not result.verdict.passed:
         request.node.user_properties.append(("logs", str(folder)))
         pytest.fail(f"{result.verdict.summary()}\nlogs kept: {folder}", pytrace=False)

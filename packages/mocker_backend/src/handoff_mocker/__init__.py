@@ -1,9 +1,10 @@
 """handoff's embedded default: Dynamo's real frontend with its CPU `mocker` engine.
 
 The mocker simulates timing, not weights: a token takes about 5.8 ms at speedup ratio 1, and a
-KV transfer takes prompt tokens x KV bytes per token / the simulated bandwidth. The shapes and
-speeds below are chosen so that each case's request outlasts its fault: the 2 s graceful bound
-plus a margin of about a second.
+KV transfer takes prompt tokens x KV bytes per token / the simulated bandwidth. Each case gets
+the shortest request that still outlasts its fault: a worker_failure case only needs tokens
+left after the SIGKILL; a graceful_shutdown case must still be running when the 2 s bound
+passes, with about half a second to spare.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import ClassVar
@@ -31,24 +33,38 @@ INFLIGHT = "dynamo_component_inflight_requests"
 KV_BYTES_PER_TOKEN = 512
 GB = 1e9
 
-#: kv_transfer: the seed's 823-token prefix in a 1,024-token context with a 192-token output.
-#: The transfer takes about 0.42 s (against ~0.02 s of prefill alone); decode at 0.4x makes
-#: the 192 tokens last 2.8 s, longer than the graceful bound.
-KV_PREFIX_TOKENS = 823
 KV_CONTEXT = 1024
-KV_OUTPUT = 192
-KV_BANDWIDTH_GBPS = 0.001
-KV_DECODE_SPEEDUP = 0.4
-#: prefill: the fault must land before the first token, and a graceful fault's bound must
-#: pass while the prefill worker still holds the request: its transfer lasts about 3 s.
-PREFILL_PROMPT_TOKENS = 823
-PREFILL_BANDWIDTH_GBPS = 0.00014
-PREFILL_OUTPUT = 64
-#: Simulated transfer bandwidth of prefill workers; elsewhere 0, which turns the delay off.
-BANDWIDTH_GBPS = {"kv_transfer": KV_BANDWIDTH_GBPS, "prefill": PREFILL_BANDWIDTH_GBPS}
-#: aggregate and decode: 512 tokens last about 3 s, so the graceful bound passes mid-stream.
-PROMPT_TOKENS = 32
-OUTPUT = 512
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One case's request and the mocker's speeds that make it outlast its fault."""
+
+    prompt_tokens: int
+    output: int
+    #: Simulated KV transfer bandwidth of prefill workers; 0 turns the transfer delay off.
+    transfer_gbps: float = 0.0
+    decode_speedup: float = 1.0
+
+
+#: (topology, fault) -> timing. Margins allow for the harness being late to the fault: on an
+#: overloaded machine (-n 8 on 2 cores) it took 0.5 s from request to fault, with 67 tokens out.
+#: - aggregate, decode: 64 tokens (0.4 s) outlast a SIGKILL; 600 tokens (3.5 s) the bound.
+#: - kv_transfer: the seed's 823-token prefix in a 1,024-token context, 192 output tokens. The
+#:   transfer takes 0.42 s against ~0.02 s of prefill alone; decoding at 0.3x makes the 192
+#:   tokens last 3.7 s for the graceful case.
+#: - prefill: the fault lands during the prefill worker's transfer (0.42 s, or 3.2 s so that
+#:   the graceful bound passes while it still holds the request), before the first token.
+TIMINGS = {
+    ("aggregate", "worker_failure"): Timing(32, 64),
+    ("aggregate", "graceful_shutdown"): Timing(32, 600),
+    ("decode", "worker_failure"): Timing(32, 64),
+    ("decode", "graceful_shutdown"): Timing(32, 600),
+    ("kv_transfer", "worker_failure"): Timing(823, 192, transfer_gbps=0.001),
+    ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
+    ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.001),
+    ("prefill", "graceful_shutdown"): Timing(823, 64, transfer_gbps=0.00013),
+}
 
 
 def prompt(tokens: int) -> str:
@@ -84,13 +100,11 @@ class MockerBackend(Backend):
         return Model(MODEL_NAME, folder)
 
     def shape(self, case: Case) -> Shape:
-        tokens, output = {
-            "kv_transfer": (KV_PREFIX_TOKENS, KV_OUTPUT),
-            "prefill": (PREFILL_PROMPT_TOKENS, PREFILL_OUTPUT),
-        }.get(case.topology, (PROMPT_TOKENS, OUTPUT))
-        return Shape(prompt(tokens), tokens, output)
+        timing = TIMINGS[(case.topology, case.fault)]
+        return Shape(prompt(timing.prompt_tokens), timing.prompt_tokens, timing.output)
 
     def worker(self, role: str, case: Case, model: Model, ports: Mapping[str, int]) -> Launch:
+        timing = TIMINGS[(case.topology, case.fault)]
         argv = [
             sys.executable, "-m", "dynamo.mocker",
             "--model-path", str(model.path),
@@ -98,15 +112,14 @@ class MockerBackend(Backend):
             "--discovery-backend", "file",
             "--request-plane", case.plane,
             "--speedup-ratio", str(self.speedup_ratio),
+            "--decode-speedup-ratio", str(timing.decode_speedup),
             "--disaggregation-mode", {"aggregate": "agg"}.get(role, role),
             "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN),
         ]  # fmt: skip
         if case.topology == "kv_transfer":
             argv += ["--max-model-len", str(KV_CONTEXT)]
-            if role == "decode":
-                argv += ["--decode-speedup-ratio", str(KV_DECODE_SPEEDUP)]
         if role == "prefill":
-            argv += ["--kv-transfer-bandwidth", str(BANDWIDTH_GBPS.get(case.topology, 0))]
+            argv += ["--kv-transfer-bandwidth", str(timing.transfer_gbps)]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 
     def holders(self, workers: Sequence[Worker]) -> list[Worker]:
@@ -114,10 +127,10 @@ class MockerBackend(Backend):
         return [w for w in workers if _inflight(w.ports["system"]) > 0]
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
-        bandwidth = BANDWIDTH_GBPS.get(case.topology)
-        if bandwidth is None:
+        timing = TIMINGS[(case.topology, case.fault)]
+        if not timing.transfer_gbps:
             return None
-        return self.shape(case).prompt_tokens * KV_BYTES_PER_TOKEN / (bandwidth * GB)
+        return timing.prompt_tokens * KV_BYTES_PER_TOKEN / (timing.transfer_gbps * GB)
 
 
 def _inflight(system_port: int) -> float:
