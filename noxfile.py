@@ -42,13 +42,13 @@ def qualify_on_mocker(session: nox.Session, selection: str) -> None:
 
 @nox.session
 def mocker_pre_merge(session: nox.Session) -> None:
-    """The aggregate pre-merge selection against Dynamo's frontend and mocker workers (no GPU)."""
+    """Every topology's pre-merge cases on Dynamo's frontend and mocker workers (no GPU)."""
     qualify_on_mocker(session, "pre_merge")
 
 
 @nox.session
 def mocker_nightly(session: nox.Session) -> None:
-    """The aggregate nightly selection (the full 64-case product) on the mocker."""
+    """Every topology's nightly selection (the widest products allowed) on the mocker."""
     qualify_on_mocker(session, "nightly")
 
 

@@ -1,4 +1,4 @@
-"""The aggregate pre-merge selection, end to end on Dynamo's frontend and mocker workers.
+"""Every topology's pre-merge cases, end to end on Dynamo's frontend and mocker workers.
 
 Collected through the handoff pytest plugin exactly as `nox -s mocker_pre_merge` collects it.
 """

@@ -3,6 +3,7 @@ makes the matching case fail with a reason that names what went wrong, and leave
 running behind it."""
 
 import os
+import re
 import signal
 from dataclasses import replace
 
@@ -42,7 +43,7 @@ def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_pat
 def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
     reasons = failed_reasons(tmp_path, roles=("aggregate",))
     assert "the stream carried an error frame" in reasons
-    assert "None completion tokens in usage, expected 512" in reasons
+    assert "None completion tokens in usage, expected 200" in reasons
     assert "migration counter failed = 1, expected 0" in reasons
 
 
@@ -59,7 +60,8 @@ def test_start_up_failure_names_the_process_and_its_log(tmp_path):
     assert not result.verdict.passed
     assert result.verdict.phase == "launch"
     reason = result.verdict.reasons[0]
-    assert "worker-0-aggregate exited with code 2 during start-up" in reason
+    # Both workers carry the bad flag; whichever exits first is named.
+    assert re.search(r"worker-[01]-aggregate exited with code 2 during start-up", reason)
     assert "unrecognized arguments: --no-such-flag" in reason
 
 

@@ -22,7 +22,8 @@ def test_kill_takes_down_the_whole_tree(tmp_path):
         "bash and its two sleeps",
     )
     pids = [p.pid for p in process.tree()]
-    assert process.kill(Deadline(10)) == []
+    process.kill()
+    assert process.wait_gone(Deadline(10)) == []
     assert not any(
         psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids
     )

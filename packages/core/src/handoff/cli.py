@@ -44,8 +44,10 @@ def list_backends() -> int:
 
 
 def list_cases(backend_name: str, topologies: list[str] | None, selection_name: str) -> int:
-    """Each topology's ids under a `#` header with its promise, or why the backend skips it."""
+    """Each topology's ids under a `#` header with its promise, or why the backend skips it.
+    Exits 1 when a selection breaks its promise."""
     backend = get_backend(backend_name)
+    broken = False
     for name in topologies or list(TOPOLOGIES):
         topology(name)
         if name not in backend.topologies:
@@ -55,6 +57,7 @@ def list_cases(backend_name: str, topologies: list[str] | None, selection_name: 
         chosen = selection(name, selection_name)
         kept = promise(name, selection_name)
         missing = unmet(name, chosen, kept)
+        broken = broken or bool(missing)
         full = len(selection(name, "nightly"))
         status = "holds" if not missing else "BROKEN, missing " + "; ".join(missing)
         print(
@@ -62,7 +65,7 @@ def list_cases(backend_name: str, topologies: list[str] | None, selection_name: 
         )
         for case in chosen:
             print(case.id)
-    return 0
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

@@ -139,11 +139,11 @@ class Deployment:
         """
         problems = []
         deadline = Deadline(TEARDOWN_TIMEOUT_S)
-        for process in reversed(self.processes):
-            if process.popen is None:
-                continue
-            survivors = process.kill(deadline)
-            if survivors:
+        started = [p for p in reversed(self.processes) if p.popen is not None]
+        for process in started:  # signal every tree first, then wait: they die in parallel
+            process.kill()
+        for process in started:
+            if survivors := process.wait_gone(deadline):
                 pids = ", ".join(str(p.pid) for p in survivors)
                 problems.append(f"{process.name} still alive after SIGKILL: pids {pids}")
         try:

@@ -96,14 +96,13 @@ class ManagedProcess:
             )
         return self.tree()
 
-    def kill(self, deadline: Deadline) -> list[psutil.Process]:
-        """SIGKILL the tree and its process group; return what survived the deadline."""
+    def kill(self) -> None:
+        """SIGKILL the tree and its process group; `wait_gone` then waits for them."""
         self.tree()
         if self.popen is not None and self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
         self.signal_tree(signal.SIGKILL)
-        return self.wait_gone(deadline)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
