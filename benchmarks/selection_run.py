@@ -1,13 +1,15 @@
 """Run a handoff selection once in a fresh pytest process and read back what happened.
 
-Shared by the benchmark scripts here: wall time, the peak resident memory of the whole process
-tree (pytest, its xdist workers and every deployment), and per case the outcome and the phase
-times the qualification test records (ready_s, request_s, fault_to_end_s, total_s).
+Shared by the benchmark scripts here: wall time, CPU time, the peak resident memory of the
+whole process tree (pytest, its xdist workers and every deployment), and per case the outcome
+and the phase times the qualification test records (ready_s, request_s, fault_to_end_s,
+total_s).
 """
 
 from __future__ import annotations
 
 import contextlib
+import resource
 import subprocess
 import sys
 import time
@@ -30,6 +32,8 @@ class CaseRun:
 class SelectionRun:
     returncode: int
     wall_s: float
+    #: CPU seconds (user + system) of pytest and everything it started, reaped or not.
+    cpu_s: float
     peak_rss_mib: float
     cases: dict[str, CaseRun]
     failures: list[str]
@@ -44,6 +48,7 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
     if workers > 1:
         command += ["-n", str(workers)]
     log = junit.with_suffix(".log")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -54,6 +59,8 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=SAMPLE_S)  # the sampling period, not a synchronisation
     wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     output = log.read_text()
     cases = {}
     for testcase in ET.parse(junit).getroot().iter("testcase"):
@@ -66,7 +73,7 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
         }
         cases[key] = CaseRun(not failed, phases)
     kept = [line.strip() for line in output.splitlines() if "logs kept:" in line]
-    return SelectionRun(process.returncode, wall, peak / 2**20, cases, kept)
+    return SelectionRun(process.returncode, wall, cpu, peak / 2**20, cases, kept)
 
 
 def _tree_rss(root: psutil.Process) -> int:

@@ -43,7 +43,8 @@ def main() -> int:
             worst = max((ratio(c.phases) for c in run.cases.values()), default=0.0)
             print(
                 f"-n {n}: {len(run.cases) - len(bad)}/{len(run.cases)} passed, "
-                f"wall {run.wall_s:5.1f} s, peak RSS {run.peak_rss_mib:6.0f} MiB, "
+                f"wall {run.wall_s:5.1f} s, CPU {run.cpu_s:5.1f} s, "
+                f"peak RSS {run.peak_rss_mib:6.0f} MiB, "
                 f"worst total/floor {worst:.2f}",
                 flush=True,
             )

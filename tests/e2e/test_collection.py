@@ -8,23 +8,15 @@ import pytest
 from handoff.cases import TOPOLOGIES, selection
 
 
-def qualification(*args, timeout=300):
+def qualification(*args, backend="mocker"):
+    """The qualification suite in a fresh pytest; backend=None leaves the option out."""
+    chosen = ("--handoff-backend", backend) if backend else ("-o", "addopts=")
+    command = [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification"]
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "handoff.qualification",
-            "-p",
-            "no:cacheprovider",
-            "--handoff-backend",
-            "mocker",
-            *args,
-        ],
+        [*command, "-p", "no:cacheprovider", *chosen, *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=300,
     )
 
 
@@ -56,24 +48,7 @@ def test_markers_and_keywords_select_cases(args, count):
 
 
 def test_missing_backend_option_is_one_clear_line():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "handoff.qualification",
-            "-p",
-            "no:cacheprovider",
-            "--collect-only",
-            "-q",
-            "-o",
-            "addopts=",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = qualification("--collect-only", "-q", backend=None)
     assert result.returncode == 2
     assert "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker" in (
         result.stdout
