@@ -14,9 +14,6 @@ if TYPE_CHECKING:
     from handoff.cases import Case
     from handoff.processes import ManagedProcess
 
-#: Roles a worker can play; a backend says which ones each topology it supports deploys.
-ROLES = ("aggregate", "prefill", "decode")
-
 
 @dataclass(frozen=True)
 class Model:

@@ -26,9 +26,6 @@ class History:
     def record(self, name: str, **data: Any) -> None:
         self.events.append(Event(name, round(time.monotonic() - self.started, 4), data))
 
-    def since_start(self, monotonic_at: float) -> float:
-        return round(monotonic_at - self.started, 4)
-
     @property
     def phase(self) -> str:
         return self.events[-1].name if self.events else "not started"
