@@ -32,8 +32,7 @@ def run_cli(*args, **env):
 
 
 def test_mocker_is_found_through_its_entry_point():
-    plugins.plugin_manager.cache_clear()
-    plugins.backends.cache_clear()
+    plugins.load.cache_clear()
     names = [ep.name for ep in plugins.entry_points(group=plugins.GROUP)]
     assert "mocker" in names
     assert plugins.get_backend("mocker").name == "mocker"
@@ -44,14 +43,48 @@ def test_unknown_backend_lists_the_installed_ones():
         plugins.get_backend("nope")
 
 
-def test_broken_plugin_is_one_line_and_exit_2(broken_plugin_path):
+def test_broken_plugin_is_one_line_and_the_others_still_work(broken_plugin_path):
     result = run_cli("backends", PYTHONPATH=str(broken_plugin_path))
-    assert result.returncode == 2
+    assert result.returncode == 1
+    assert "mocker" in result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "backend plugin 'broken' (broken_plugin) failed to load" in lines[0]
+    assert "backend plugin 'broken' (package handoff-broken) failed to load" in lines[0]
     assert "RuntimeError: boom at import" in lines[0]
     assert "uninstall handoff-broken" in lines[0]
+    cases = run_cli("cases", "--backend", "mocker", PYTHONPATH=str(broken_plugin_path))
+    assert cases.returncode == 0, cases.stderr
+    asked = run_cli("cases", "--backend", "broken", PYTHONPATH=str(broken_plugin_path))
+    assert asked.returncode == 2
+    assert "RuntimeError: boom at import" in asked.stderr and asked.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "from handoff.hookspecs import hookimpl\n"
+            "@hookimpl\ndef register_backends(register):\n    register('not a backend')\n",
+            "is broken: TypeError: registered str, not a handoff Backend",
+        ),
+        (
+            "from handoff.hookspecs import hookimpl\n"
+            "@hookimpl\ndef register_backends(register):\n    raise KeyError('model')\n",
+            "is broken: KeyError: 'model'",
+        ),
+        (
+            "from handoff.hookspecs import hookimpl\n"
+            "@hookimpl\ndef register_backends(register, extra):\n    pass\n",
+            "failed to load: PluginValidationError",
+        ),
+    ],
+)
+def test_a_misbehaving_plugin_is_named_with_its_package(broken_plugin_path, body, message):
+    (broken_plugin_path / "broken_plugin.py").write_text(body)
+    result = run_cli("backends", PYTHONPATH=str(broken_plugin_path))
+    assert result.returncode == 1
+    assert "mocker" in result.stdout
+    assert f"backend plugin 'broken' (package handoff-broken) {message}" in result.stderr
 
 
 def test_handoff_plugins_limits_what_loads(broken_plugin_path):

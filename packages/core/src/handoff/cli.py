@@ -10,7 +10,7 @@ from rich.table import Table
 
 from handoff.cases import SELECTIONS, TOPOLOGIES, promise, selection, topology, unmet
 from handoff.errors import HandoffError
-from handoff.plugins import backends, get_backend
+from handoff.plugins import get_backend, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,13 +34,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def list_backends() -> int:
+    """The backends that loaded; each broken plugin as one line on stderr, and exit 1."""
     table = Table("backend", "version", "topologies", "migration counts")
-    for name, backend in sorted(backends().items()):
+    loaded = load()
+    for name, backend in sorted(loaded.backends.items()):
         table.add_row(
             name, backend.version, ", ".join(backend.topologies), backend.migration_counts
         )
     Console().print(table)
-    return 0
+    for problem in loaded.broken.values():
+        print(f"handoff: error: {problem}", file=sys.stderr)
+    return 1 if loaded.broken else 0
 
 
 def list_cases(backend_name: str, topologies: list[str] | None, selection_name: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 
@@ -17,50 +18,67 @@ GROUP = "handoff.backends"
 ONLY_ENV = "HANDOFF_PLUGINS"
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """The backends that loaded, and one line for each plugin that did not."""
+
+    backends: dict[str, Backend]
+    broken: dict[str, str]
+
+
 @cache
-def plugin_manager() -> pluggy.PluginManager:
-    """Load every installed plugin once; a plugin that fails to import is a clear error."""
+def load() -> Loaded:
+    """Load every installed plugin once. A broken plugin (fails to import, hook raises,
+    registers something that is not a Backend) is recorded with its package and skipped, so
+    the other backends still work."""
     pm = pluggy.PluginManager("handoff")
     pm.add_hookspecs(hookspecs)
     only = {n.strip() for n in os.environ.get(ONLY_ENV, "").split(",") if n.strip()}
+    packages: dict[str, str] = {}
+    broken: dict[str, str] = {}
     for ep in entry_points(group=GROUP):
         if only and ep.name not in only:
             continue
+        packages[ep.name] = ep.dist.name if ep.dist else "its package"
         try:
-            module = ep.load()
-        except Exception as exc:  # a broken plugin must not take the harness down silently
-            dist = ep.dist.name if ep.dist else "its package"
-            raise HandoffError(
-                f"backend plugin {ep.name!r} ({ep.value}) failed to load: "
-                f"{type(exc).__name__}: {exc}; fix or uninstall {dist}"
-            ) from exc
-        pm.register(module, name=ep.name)
-    return pm
-
-
-@cache
-def backends() -> dict[str, Backend]:
-    """Every registered backend by name."""
+            pm.register(ep.load(), name=ep.name)
+        except Exception as exc:  # any failure of third-party code is that plugin's fault
+            broken[ep.name] = _broken(ep.name, packages[ep.name], "failed to load", exc)
     found: dict[str, Backend] = {}
+    for impl in pm.hook.register_backends.get_hookimpls():
+        mine: list[object] = []
+        try:
+            impl.function(register=mine.append)
+            for backend in mine:
+                if not isinstance(backend, Backend):
+                    raise TypeError(f"registered {type(backend).__name__}, not a handoff Backend")
+                if backend.name in found:
+                    raise ValueError(f"a backend named {backend.name!r} is already registered")
+        except Exception as exc:
+            package = packages.get(impl.plugin_name, "its package")
+            broken[impl.plugin_name] = _broken(impl.plugin_name, package, "is broken", exc)
+            continue
+        found.update((backend.name, backend) for backend in mine)
+    return Loaded(found, broken)
 
-    def register(backend: Backend) -> None:
-        if backend.name in found:
-            raise HandoffError(
-                f"two plugins register a backend named {backend.name!r}: uninstall one"
-            )
-        found[backend.name] = backend
 
-    plugin_manager().hook.register_backends(register=register)
-    return found
+def _broken(plugin: str, package: str, what: str, exc: Exception) -> str:
+    return (
+        f"backend plugin {plugin!r} (package {package}) {what}: "
+        f"{type(exc).__name__}: {exc}; fix or uninstall {package}"
+    )
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called `name`, or an error listing the installed ones."""
-    installed = backends()
-    if name not in installed:
-        listing = ", ".join(sorted(installed)) or "none"
-        raise HandoffError(
-            f"unknown backend {name!r} (installed: {listing}); "
-            f"install its package, e.g. pip install handoff-{name}"
-        )
-    return installed[name]
+    """The backend called `name`; if its plugin is broken, that error; else one listing the
+    installed backends."""
+    loaded = load()
+    if name in loaded.backends:
+        return loaded.backends[name]
+    if name in loaded.broken:
+        raise HandoffError(loaded.broken[name])
+    listing = ", ".join(sorted(loaded.backends)) or "none"
+    raise HandoffError(
+        f"unknown backend {name!r} (installed: {listing}); "
+        f"install its package, e.g. pip install handoff-{name}"
+    )
