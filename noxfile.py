@@ -22,6 +22,7 @@ def install_mocker_stack(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The project's own tests: unit, then end to end on the real Dynamo frontend and mocker."""
     install_mocker_stack(session)
+    session.install("-e", "tests/example_backend")  # a third-party backend, as users add one
     session.run("pytest", "tests", *session.posargs)
 
 

@@ -1,0 +1,39 @@
+"""A third-party backend package (tests/example_backend, installed by `nox -s tests`) is found
+through its entry point, lists its cases and runs them end to end."""
+
+import subprocess
+import sys
+
+from handoff.cases import selection
+
+
+def run(*command):
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_it_is_discovered_with_its_own_facts():
+    result = run("handoff", "backends")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "example" in line)
+    assert "0.0.1" in row and "aggregate" in row and "lower_bound" in row
+
+
+def test_its_cases_and_the_reason_for_the_rest():
+    result = run("handoff", "cases", "--backend", "example")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if not line.startswith("#")] == [
+        c.id for c in selection("aggregate", "pre_merge")
+    ]
+    assert "# prefill: not run by example: the example engine has no disaggregated mode" in lines
+
+
+def test_its_cases_run_end_to_end():
+    result = run(
+        sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
+        "no:cacheprovider", "--handoff-backend", "example", "-m", "example",
+        "-k", "migration_enabled",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 cases: 2 passed, 0 failed" in result.stdout
+    assert "PASS  aggregate/migration_enabled-worker_failure-chat-stream-nats" in result.stdout
