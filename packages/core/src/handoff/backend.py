@@ -71,12 +71,17 @@ class Backend(ABC):
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     case_timeout_s: float = 120.0
 
+    def why_not(self, topology: str) -> str | None:
+        """Why this backend does not run `topology`; None when it does."""
+        if topology in self.topologies:
+            return None
+        return self.unsupported.get(topology, "not declared by the backend")
+
     def roles(self, topology: str) -> tuple[str, ...]:
         """The worker roles of `topology`, or an error saying why it is not supported."""
-        if topology in self.topologies:
-            return self.topologies[topology]
-        why = self.unsupported.get(topology, "not declared by the backend")
-        raise HandoffError(f"backend {self.name!r} does not run {topology} cases: {why}")
+        if why := self.why_not(topology):
+            raise HandoffError(f"backend {self.name!r} does not run {topology} cases: {why}")
+        return self.topologies[topology]
 
     @abstractmethod
     def check_environment(self) -> None:

@@ -54,8 +54,7 @@ def list_cases(backend_name: str, topologies: list[str] | None, selection_name: 
     broken = False
     for name in topologies or list(TOPOLOGIES):
         topology(name)
-        if name not in backend.topologies:
-            why = backend.unsupported.get(name, "not declared by the backend")
+        if why := backend.why_not(name):
             print(f"# {name}: not run by {backend_name}: {why}")
             continue
         chosen = selection(name, selection_name)

@@ -129,7 +129,11 @@ def exercise(
         deadline,
     )
     history.record("in_flight_proven", how=proof)
-    evidence = transfer_evidence(backend, case, metrics_url, model, history)
+    evidence = (
+        transfer_evidence(backend, case, metrics_url, model, history)
+        if where.proves_kv_transfer
+        else []
+    )
     history.record("fault_sent", fault=case.fault, worker=holder.name)
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
     history.record("worker_gone", signals=list(fault.signals))
@@ -154,8 +158,6 @@ def transfer_evidence(
     backend: Backend, case: Case, metrics_url: str, model: str, history: History
 ) -> list[str]:
     """kv_transfer cases: the first token, read before the fault, came after the transfer."""
-    if not topology(case.topology).proves_kv_transfer:
-        return []
     floor = backend.kv_transfer_floor_s(case)
     if floor is None:
         return [f"backend {backend.name!r} gives no KV transfer time: the transfer is unproven"]
