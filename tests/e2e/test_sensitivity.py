@@ -50,8 +50,8 @@ def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
 class BadFlagMocker(MockerBackend):
     """A worker command line the mocker rejects: the worker exits during start-up."""
 
-    def worker(self, role, case, model, ports):
-        launch = super().worker(role, case, model, ports)
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
         return type(launch)([*launch.argv, "--no-such-flag"], launch.env)
 
 
@@ -137,8 +137,8 @@ def test_killing_the_wrong_decode_worker_fails_with_that_reason(tmp_path):
 class NoTransferMocker(MockerBackend):
     """Prefill workers that transfer the KV cache instantly: no transfer time is simulated."""
 
-    def worker(self, role, case, model, ports):
-        launch = super().worker(role, case, model, ports)
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
         argv = list(launch.argv)
         if "--kv-transfer-bandwidth" in argv:
             argv[argv.index("--kv-transfer-bandwidth") + 1] = "0"

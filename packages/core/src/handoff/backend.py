@@ -8,11 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+import requests
+
 from handoff.errors import HandoffError
+from handoff.metrics import sample_sum
 
 if TYPE_CHECKING:
-    from handoff.cases import Case
+    from handoff.cases import Case, Restriction
     from handoff.processes import ManagedProcess
+    from handoff.settings import Configuration
+
+#: Dynamo's runtime exports this on every worker's system port, whatever the engine.
+INFLIGHT = "dynamo_component_inflight_requests"
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,33 @@ class Backend(ABC):
     - `topologies`: for each supported topology, the roles of its workers in launch order;
     - `unsupported`: for each topology it does not run, why (shown by `handoff cases`);
     - `worker_ports`: names of the ports each worker needs (core allocates them on loopback);
+    - `restrictions`: axis values the engine cannot run in any topology, each with why; those
+      rows are not generated (and `handoff cases` says why);
     - `migration_counts`: "exact" when the frontend's migration counters must equal the
       expectation, "lower_bound" when the engine may legitimately migrate more than once;
-    - `case_timeout_s`: the most one case may take, start-up to teardown (the timeout marker).
+    - `defaults`: default settings, overridable by a team's [tool.handoff] and the command
+      line; `case_timeout_s` (the timeout marker) and `startup_timeout_s` at least.
     """
 
     name: str
     version: str
     topologies: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     unsupported: ClassVar[Mapping[str, str]] = {}
+    restrictions: ClassVar[tuple[Restriction, ...]] = ()
     worker_ports: tuple[str, ...] = ("system",)
     migration_counts: Literal["exact", "lower_bound"] = "exact"
-    case_timeout_s: float = 120.0
+    defaults: ClassVar[Mapping[str, object]] = {"case_timeout_s": 120.0, "startup_timeout_s": 60.0}
+    configuration: Configuration | None = None
+
+    def configure(self, configuration: Configuration) -> None:
+        """Adopt the effective settings (resolved by core) before any case runs."""
+        self.configuration = configuration
+
+    def setting(self, key: str) -> object:
+        """The effective value of `key`: the team's setting, else this backend's default."""
+        if self.configuration is not None and key in self.configuration.values:
+            return self.configuration.get(key)
+        return self.defaults.get(key)
 
     def why_not(self, topology: str) -> str | None:
         """Why this backend does not run `topology`; None when it does."""
@@ -97,14 +119,32 @@ class Backend(ABC):
         (the graceful bound included), or the case fails as not in flight at the fault."""
 
     @abstractmethod
-    def worker(self, role: str, case: Case, model: Model, ports: Mapping[str, int]) -> Launch:
-        """The command and environment that start one worker of `case` in `role`."""
+    def worker(
+        self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
+    ) -> Launch:
+        """The command and environment that start one worker of `case` in `role`. `ports` are
+        this worker's own (one per `worker_ports` name); files the worker reads go in `folder`,
+        the case's own folder."""
 
-    @abstractmethod
+    def markers(self, case: Case) -> dict[str, float]:
+        """pytest markers of `case` as name -> value: at least `timeout`; GPU engines add
+        `profiled_vram_gib` and their KV cap (e.g. `requested_vllm_kv_cache_bytes`)."""
+        return {"timeout": float(self.setting("case_timeout_s"))}
+
     def holders(self, workers: Sequence[Worker]) -> list[Worker]:
-        """The workers that report a request in flight right now, from their own state."""
+        """The workers that report a request in flight right now, from their own state: by
+        default the in-flight gauge on each worker's `system` port."""
+        return [w for w in workers if _inflight(w.ports["system"]) > 0]
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         """The least time the KV transfer of `case`'s prompt takes, or None if unknown: a first
         token sooner than this proves no transfer happened (kv_transfer cases)."""
         return None
+
+
+def _inflight(system_port: int) -> float:
+    try:
+        text = requests.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2).text
+    except requests.RequestException:
+        return 0.0  # a worker that cannot answer holds nothing we could fault
+    return sample_sum(text, INFLIGHT, {"dynamo_endpoint": "generate"})

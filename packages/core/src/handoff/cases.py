@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from handoff.covering import format_pair, missing_pairs, product_rows
+from handoff.covering import complete, format_pair, missing_pairs, product_rows
 from handoff.errors import HandoffError
 
 if TYPE_CHECKING:
@@ -252,32 +252,67 @@ class Case:
         return {axis: getattr(self, axis) for axis in AXES}
 
 
-def selection(topology_name: str, name: str) -> tuple[Case, ...]:
-    """The published cases of one topology and selection, in published order."""
+def allowed(topology_name: str, backend: Backend | None = None) -> dict[str, tuple[str, ...]]:
+    """Each axis with the values the topology allows and, if given, the backend runs."""
+    values = topology(topology_name).allowed()
+    for r in backend.restrictions if backend else ():
+        values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
+    return values
+
+
+def backend_restriction(backend: Backend, case: Case) -> Restriction | None:
+    """The backend restriction that rules `case` out, if any."""
+    return next((r for r in backend.restrictions if getattr(case, r.axis) not in r.allowed), None)
+
+
+def selection(topology_name: str, name: str, backend: Backend | None = None) -> tuple[Case, ...]:
+    """The cases of one topology and selection, in published order.
+
+    With a backend that cannot run some values (its `restrictions`), those rows are left out
+    and a pre_merge selection gets the fewest extra rows that keep its promise over the values
+    the backend runs; the kept rows keep their published ids.
+    """
     where = topology(topology_name)
-    if name == "pre_merge":
-        return tuple(Case.from_id(i, topology_name) for i in where.pre_merge_ids)
+    values = allowed(topology_name, backend)
     if name == "nightly":
-        return tuple(Case(**row, topology=topology_name) for row in product_rows(where.allowed()))
-    raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
+        return tuple(Case(**row, topology=topology_name) for row in product_rows(values))
+    if name != "pre_merge":
+        raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
+    published = [Case.from_id(i, topology_name) for i in where.pre_merge_ids]
+    if backend is None or not backend.restrictions:
+        return tuple(published)
+    kept = [c for c in published if backend_restriction(backend, c) is None]
+    rows = complete(
+        [c.row() for c in kept],
+        product_rows(values),
+        where.pre_merge_promise.pairs_over,
+        where.pre_merge_promise.each_value_of,
+    )
+    return tuple(kept) + tuple(Case(**row, topology=topology_name) for row in rows)
 
 
 def promise(topology_name: str, name: str) -> Promise:
     return topology(topology_name).pre_merge_promise if name == "pre_merge" else EVERYTHING
 
 
-def unmet(topology_name: str, cases: tuple[Case, ...] | list[Case], kept: Promise) -> list[str]:
+def unmet(
+    topology_name: str,
+    cases: Sequence[Case],
+    kept: Promise,
+    backend: Backend | None = None,
+) -> list[str]:
     """What `cases` fail to cover of the promise, named; empty when the promise holds.
 
-    Only rows the topology allows are required: a restricted value is never missing.
+    Only rows the topology (and the backend, if given) allows are required: a restricted
+    value is never missing.
     """
-    allowed = topology(topology_name).allowed()
+    values = allowed(topology_name, backend)
     rows = [c.row() for c in cases]
-    pairs = {a: allowed[a] for a in kept.pairs_over}
-    missing = [format_pair(p) for p in missing_pairs(pairs, rows, product_rows(allowed))]
+    pairs = {a: values[a] for a in kept.pairs_over}
+    missing = [format_pair(p) for p in missing_pairs(pairs, rows, product_rows(values))]
     for axis in kept.each_value_of:
         seen = {row[axis] for row in rows}
-        missing += [f"{axis}={v}" for v in allowed[axis] if v not in seen]
+        missing += [f"{axis}={v}" for v in values[axis] if v not in seen]
     return missing
 
 
@@ -291,4 +326,4 @@ def backend_cases(backend: Backend, topologies: Sequence[str] | None, name: str)
             topology(t)
             backend.roles(t)
     chosen = topologies or [t for t in TOPOLOGIES if t in backend.topologies]
-    return [case for t in chosen for case in selection(t, name)]
+    return [case for t in chosen for case in selection(t, name, backend)]

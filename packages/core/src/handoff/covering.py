@@ -38,3 +38,31 @@ def format_pair(pair: Pair) -> str:
     """`policy=migration_enabled & fault=worker_failure`: how a missing pair is named."""
     (a, va), (b, vb) = pair
     return f"{a}={va} & {b}={vb}"
+
+
+def complete(
+    rows: Sequence[Row],
+    candidates: Sequence[Row],
+    pair_axes: Sequence[str],
+    value_axes: Sequence[str] = (),
+) -> list[Row]:
+    """Rows from `candidates` to add to `rows` until every pair over `pair_axes` and every
+    value of `value_axes` that the candidates hold is covered.
+
+    Greedy and deterministic: each step takes the first candidate that covers the most of what
+    is still missing. Used when a backend cannot run some published rows: the rest keep their
+    ids, and the fewest extra rows this finds restore the promise.
+    """
+
+    def covers(row: Row) -> set[object]:
+        return pairs_of(pair_axes, [row]) | {(a, row[a]) for a in value_axes}
+
+    need: set[object] = set().union(*(covers(c) for c in candidates)) if candidates else set()
+    for row in rows:
+        need -= covers(row)
+    added: list[Row] = []
+    while need:
+        best = max(candidates, key=lambda c: len(covers(c) & need))
+        added.append(best)
+        need -= covers(best)
+    return added

@@ -81,7 +81,7 @@ class Deployment:
         )
         for i, role in enumerate(self.roles):
             ports = {name: self.leases.take() for name in self.backend.worker_ports}
-            launch = self.backend.worker(role, self.case, self.model, ports)
+            launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
             name = f"worker-{i}-{role}"
             process = self._spawn(name, launch.argv, {**env, **launch.env})
             self.workers.append(Worker(name, role, process, ports))

@@ -6,12 +6,14 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pluggy
 
 from handoff import hookspecs
 from handoff.backend import Backend
 from handoff.errors import HandoffError
+from handoff.settings import resolve
 
 GROUP = "handoff.backends"
 #: Comma-separated entry point names; when set, only those plugins load.
@@ -82,3 +84,13 @@ def get_backend(name: str) -> Backend:
         f"unknown backend {name!r} (installed: {listing}); "
         f"install its package, e.g. pip install handoff-{name}"
     )
+
+
+def configured_backend(
+    name: str, overrides: dict[str, tuple[object, str]] | None = None, start: Path | None = None
+):
+    """The backend called `name`, configured with the team's settings found from `start`
+    (default: the working folder) and the command line's `overrides`."""
+    backend = get_backend(name)
+    backend.configure(resolve(name, backend.defaults, set(load().backends), overrides, start))
+    return backend

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from handoff.backend import Backend
 from handoff.cases import SELECTIONS, backend_cases
 from handoff.errors import HandoffError
-from handoff.plugins import get_backend
+from handoff.plugins import configured_backend
 from handoff.runner import Settings
 
 RUN_DIR_ENV = "HANDOFF_RUN_DIR"
@@ -43,8 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--handoff-graceful-bound",
         type=float,
-        default=Settings.graceful_bound_s,
-        help="seconds between SIGTERM and SIGKILL in graceful_shutdown cases",
+        help="seconds between SIGTERM and SIGKILL in graceful_shutdown cases "
+        "(default: graceful_bound_s of [tool.handoff], else 2)",
     )
 
 
@@ -74,37 +75,47 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     pytest.fail(message, pytrace=False)  # a collection error of one line, no traceback
 
 
-def case_params(config: pytest.Config) -> list:
-    """The chosen selection as pytest params, marked with selection, backend and timeout."""
+def chosen_backend(config: pytest.Config) -> Backend:
+    """The --handoff-backend, configured from [tool.handoff] under the command line."""
     name = config.getoption("handoff_backend")
     if not name:
         raise HandoffError(
             "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker"
         )
-    backend = get_backend(name)
+    overrides = {
+        "graceful_bound_s": (config.getoption("handoff_graceful_bound"), "--handoff-graceful-bound")
+    }
+    return configured_backend(name, overrides, Path(config.rootpath))
+
+
+def case_params(config: pytest.Config) -> list:
+    """The chosen selection as pytest params, marked with selection, backend and the backend's
+    markers (timeout, VRAM, KV cap). Fails at once when the engine cannot run here."""
+    backend = chosen_backend(config)
+    backend.check_environment()
     chosen = config.getoption("handoff_selection")
-    marks = [
-        getattr(pytest.mark, chosen),
-        getattr(pytest.mark, backend.name),
-        pytest.mark.timeout(backend.case_timeout_s),
-    ]
-    return [
-        pytest.param(case, id=case.key, marks=marks)
-        for case in backend_cases(backend, config.getoption("handoff_topology"), chosen)
-    ]
+    params = []
+    for case in backend_cases(backend, config.getoption("handoff_topology"), chosen):
+        marks = [getattr(pytest.mark, chosen), getattr(pytest.mark, backend.name)]
+        for marker, value in backend.markers(case).items():
+            if marker not in MARKERS and marker != "timeout":
+                config.addinivalue_line("markers", f"{marker}(value): set by {backend.name}")
+            marks.append(getattr(pytest.mark, marker)(value))
+        params.append(pytest.param(case, id=case.key, marks=marks))
+    return params
 
 
 @pytest.fixture(scope="session")
-def handoff_backend(request: pytest.FixtureRequest):
-    return get_backend(request.config.getoption("handoff_backend"))
+def handoff_backend(request: pytest.FixtureRequest) -> Backend:
+    return chosen_backend(request.config)
 
 
 @pytest.fixture(scope="session")
-def handoff_settings(request: pytest.FixtureRequest) -> Settings:
-    config = request.config
+def handoff_settings(request: pytest.FixtureRequest, handoff_backend: Backend) -> Settings:
     return Settings(
-        graceful_bound_s=config.getoption("handoff_graceful_bound"),
-        keep_logs=config.getoption("handoff_keep_logs"),
+        graceful_bound_s=float(handoff_backend.setting("graceful_bound_s")),
+        startup_timeout_s=float(handoff_backend.setting("startup_timeout_s")),
+        keep_logs=request.config.getoption("handoff_keep_logs"),
     )
 
 

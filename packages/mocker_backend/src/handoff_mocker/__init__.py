@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import ClassVar
 
-import requests
-
-from handoff.backend import Backend, Launch, Model, Shape, Worker
+from handoff.backend import Backend, Launch, Model, Shape
 from handoff.cases import Case
 from handoff.errors import HandoffError
 from handoff.hookspecs import hookimpl
-from handoff.metrics import sample_sum
 from handoff_mocker.model import write_model
 
 MODEL_NAME = "handoff-mocker"
 SPEEDUP_RATIO = 1.0
-INFLIGHT = "dynamo_component_inflight_requests"
 #: Passed explicitly so the simulated transfer time is known, not derived from config.json.
 KV_BYTES_PER_TOKEN = 512
 GB = 1e9
@@ -84,7 +80,7 @@ class MockerBackend(Backend):
     }
     worker_ports = ("system",)
     migration_counts = "exact"
-    case_timeout_s = 90.0
+    defaults: ClassVar[dict[str, object]] = {**Backend.defaults, "case_timeout_s": 90.0}
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
         self.speedup_ratio = speedup_ratio
@@ -104,7 +100,9 @@ class MockerBackend(Backend):
         timing = TIMINGS[(case.topology, case.fault)]
         return Shape(prompt(timing.prompt_tokens), timing.prompt_tokens, timing.output)
 
-    def worker(self, role: str, case: Case, model: Model, ports: Mapping[str, int]) -> Launch:
+    def worker(
+        self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
+    ) -> Launch:
         timing = TIMINGS[(case.topology, case.fault)]
         argv = [
             sys.executable, "-m", "dynamo.mocker",
@@ -123,23 +121,11 @@ class MockerBackend(Backend):
             argv += ["--kv-transfer-bandwidth", str(timing.transfer_gbps)]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 
-    def holders(self, workers: Sequence[Worker]) -> list[Worker]:
-        """Workers whose own /metrics report a generate request in flight."""
-        return [w for w in workers if _inflight(w.ports["system"]) > 0]
-
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = TIMINGS[(case.topology, case.fault)]
         if not timing.transfer_gbps:
             return None
         return timing.prompt_tokens * KV_BYTES_PER_TOKEN / (timing.transfer_gbps * GB)
-
-
-def _inflight(system_port: int) -> float:
-    try:
-        text = requests.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2).text
-    except requests.RequestException:
-        return 0.0  # a worker that cannot answer holds nothing we could fault
-    return sample_sum(text, INFLIGHT, {"dynamo_endpoint": "generate"})
 
 
 @hookimpl

@@ -1,0 +1,138 @@
+"""A team's settings: `[tool.handoff]` in pyproject.toml (or a handoff.toml beside it), over
+each backend's defaults, under the command line. Every value remembers where it came from.
+
+Layout (handoff.toml holds the same tables without the `tool.handoff` prefix):
+
+    [tool.handoff]              # for every backend
+    graceful_bound_s = 2.0
+    [tool.handoff.vllm]         # for one backend; wins over the table above
+    model = "Qwen/Qwen3-0.6B"
+    model_cache = "~/.cache/huggingface"
+    image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
+    max_tokens = { aggregate = 512, decode = 512, kv_transfer = 192 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from handoff.errors import HandoffError
+
+#: Every key a settings table may hold: its type and what it is for.
+KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "model": (str, "the model clients ask for: a hub id or a name"),
+    "model_path": (str, "a local folder with the model's weights (default: fetch `model`)"),
+    "model_cache": (str, "host folder of the model cache, mounted into the runtime container"),
+    "image": (str, "runtime container image the GPU sessions run inside"),
+    "max_tokens": (dict, "output tokens per topology, e.g. { aggregate = 512 }"),
+    "graceful_bound_s": ((int, float), "seconds between SIGTERM and SIGKILL"),
+    "case_timeout_s": ((int, float), "the most one case may take, start-up to teardown"),
+    "startup_timeout_s": ((int, float), "the most a deployment may take to become ready"),
+}
+BUILT_IN = {"graceful_bound_s": 2.0}
+FILES = ("handoff.toml", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: object
+    source: str
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The effective settings of one backend: key -> value and where it came from."""
+
+    backend: str
+    values: Mapping[str, Setting]
+
+    def get(self, key: str, default: object = None) -> object:
+        found = self.values.get(key)
+        return default if found is None else found.value
+
+    def max_tokens(self, topology: str, default: int) -> int:
+        return int(self.get("max_tokens", {}).get(topology, default))
+
+
+def find_file(start: Path) -> Path | None:
+    """handoff.toml, or a pyproject.toml with a [tool.handoff] table, in `start` or above."""
+    for folder in (start.resolve(), *start.resolve().parents):
+        if (folder / "handoff.toml").is_file():
+            return folder / "handoff.toml"
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and "handoff" in _read(pyproject).get("tool", {}):
+            return pyproject
+    return None
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise HandoffError(f"cannot read settings file {path}: {exc}; fix its TOML") from None
+
+
+def file_tables(path: Path, backends: set[str]) -> dict[str, dict]:
+    """The shared table ('') and each backend's table of `path`, every key checked."""
+    data = _read(path)
+    root = data if path.name == "handoff.toml" else data.get("tool", {}).get("handoff", {})
+    prefix = "" if path.name == "handoff.toml" else "tool.handoff"
+    tables: dict[str, dict] = {"": {}}
+    for key, value in root.items():
+        if isinstance(value, dict) and key in backends:
+            tables[key] = _checked(value, f"[{'.'.join(filter(None, (prefix, key)))}]", path)
+        else:
+            tables[""][key] = value
+    tables[""] = _checked(tables[""], f"[{prefix}]" if prefix else "the top level", path)
+    return tables
+
+
+def _checked(table: dict, where: str, path: Path) -> dict:
+    for key, value in table.items():
+        if key not in KEYS:
+            raise HandoffError(
+                f"unknown key {key!r} in {where} of {path}: use one of {', '.join(KEYS)} "
+                "(or a table named after an installed backend)"
+            )
+        kind = KEYS[key][0]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            expected = "a number" if kind == (int, float) else f"a {_type_name(kind)}"
+            raise HandoffError(f"{key} in {where} of {path} must be {expected}, not {value!r}")
+        if key == "max_tokens" and not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()
+        ):
+            raise HandoffError(
+                f"max_tokens in {where} of {path} must map topologies to integers, not {value!r}"
+            )
+    return table
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return {str: "string", int: "integer", dict: "table"}.get(kind, str(kind))  # type: ignore[arg-type]
+
+
+def resolve(
+    backend: str,
+    defaults: Mapping[str, object],
+    installed: set[str],
+    overrides: Mapping[str, tuple[object, str]] | None = None,
+    start: Path | None = None,
+) -> Configuration:
+    """Built-in defaults < the backend's defaults < the shared table < the backend's table
+    < `overrides` (key -> (value, which option)); None overrides are ignored."""
+    values = {k: Setting(v, "built-in default") for k, v in BUILT_IN.items()}
+    values.update({k: Setting(v, f"{backend} backend default") for k, v in defaults.items()})
+    path = find_file(start or Path.cwd())
+    if path is not None:
+        tables = file_tables(path, installed)
+        prefix = "" if path.name == "handoff.toml" else "tool.handoff"
+        for table, label in (("", prefix), (backend, ".".join(filter(None, (prefix, backend))))):
+            where = f"{path.name} [{label}]" if label else path.name
+            values.update({k: Setting(v, where) for k, v in tables.get(table, {}).items()})
+    for key, (value, option) in (overrides or {}).items():
+        if value is not None:
+            values[key] = Setting(value, f"command line {option}")
+    return Configuration(backend, values)
