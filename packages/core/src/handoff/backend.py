@@ -81,6 +81,11 @@ class Backend(ABC):
     worker_ports: tuple[str, ...] = ("system",)
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     defaults: ClassVar[Mapping[str, object]] = {"case_timeout_s": 120.0, "startup_timeout_s": 60.0}
+    #: The settings keys this backend reads; a team setting any other for it is an error.
+    uses_settings: ClassVar[tuple[str, ...]] = (
+        "model", "model_path", "model_cache", "image", "max_tokens",
+        "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
+    )  # fmt: skip
     configuration: Configuration | None = None
 
     def configure(self, configuration: Configuration) -> None:

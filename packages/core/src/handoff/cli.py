@@ -1,4 +1,5 @@
-"""`handoff`: list backends and their cases. Errors are one line on stderr and exit code 2."""
+"""`handoff`: list backends, their cases and settings. Errors are one line on stderr and exit
+code 2."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from handoff.cases import SELECTIONS, TOPOLOGIES, promise, selection, topology, unmet
+from handoff.backend import Backend
+from handoff.cases import SELECTIONS, TOPOLOGIES, Case, promise, selection, topology, unmet
 from handoff.errors import HandoffError
-from handoff.plugins import get_backend, load
+from handoff.plugins import configured_backend, load
+from handoff.settings import KEYS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     cases.add_argument(
         "--topology", action="append", help="repeatable; default: every topology there is"
     )
+    config = commands.add_parser("config", help="a backend's effective settings and sources")
+    config.add_argument("--backend", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "backends":
             return list_backends()
+        if args.command == "config":
+            return show_config(args.backend)
         return list_cases(args.backend, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)
@@ -48,27 +56,54 @@ def list_backends() -> int:
 
 
 def list_cases(backend_name: str, topologies: list[str] | None, selection_name: str) -> int:
-    """Each topology's ids under a `#` header with its promise, or why the backend skips it.
-    Exits 1 when a selection breaks its promise."""
-    backend = get_backend(backend_name)
+    """Each topology's cases under a `#` header with its promise, or why the backend skips it;
+    each case with its markers. Exits 1 when a selection breaks its promise."""
+    backend = configured_backend(backend_name)
     broken = False
     for name in topologies or list(TOPOLOGIES):
         topology(name)
         if why := backend.why_not(name):
             print(f"# {name}: not run by {backend_name}: {why}")
             continue
-        chosen = selection(name, selection_name)
+        for r in backend.restrictions:
+            print(f"# {name}: {backend_name} runs {r.axis} {', '.join(r.allowed)} only: {r.why}")
+        chosen = selection(name, selection_name, backend)
         kept = promise(name, selection_name)
-        missing = unmet(name, chosen, kept)
+        missing = unmet(name, chosen, kept, backend)
         broken = broken or bool(missing)
-        full = len(selection(name, "nightly"))
+        full = len(selection(name, "nightly", backend))
         status = "holds" if not missing else "BROKEN, missing " + "; ".join(missing)
         print(
             f"# {name} {selection_name}: {len(chosen)} of {full} rows; {kept.describe()}: {status}"
         )
+        published = set(topology(name).pre_merge_ids)
         for case in chosen:
-            print(case.id)
+            print(case_line(backend, case, selection_name, published))
     return 1 if broken else 0
+
+
+def case_line(backend: Backend, case: Case, selection_name: str, published: set[str]) -> str:
+    """`<id>  <selection> marker=value ...`, ending in `added` for a pre_merge row that is not
+    published but was added to keep the promise over the values the backend runs."""
+    markers = " ".join(f"{k}={v:g}" for k, v in backend.markers(case).items())
+    added = selection_name == "pre_merge" and case.id not in published
+    return f"{case.id}  {selection_name} {markers}" + ("  added" if added else "")
+
+
+def show_config(backend_name: str) -> int:
+    """Every setting's effective value and where it came from."""
+    backend = configured_backend(backend_name)
+    table = Table(title=f"{backend_name} settings")
+    for column in ("setting", "value", "from"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("meaning")
+    assert backend.configuration is not None
+    for key, (_, meaning) in KEYS.items():
+        found = backend.configuration.values.get(key)
+        value, source = (repr(found.value), found.source) if found else ("(not set)", "")
+        table.add_row(key, escape(value), escape(source), meaning)  # sources hold [tables]
+    Console(width=160).print(table)
+    return 0
 
 
 if __name__ == "__main__":

@@ -92,5 +92,9 @@ def configured_backend(
     """The backend called `name`, configured with the team's settings found from `start`
     (default: the working folder) and the command line's `overrides`."""
     backend = get_backend(name)
-    backend.configure(resolve(name, backend.defaults, set(load().backends), overrides, start))
+    backend.configure(
+        resolve(
+            name, backend.defaults, set(load().backends), overrides, start, backend.uses_settings
+        )
+    )
     return backend

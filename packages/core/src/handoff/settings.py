@@ -53,9 +53,6 @@ class Configuration:
         found = self.values.get(key)
         return default if found is None else found.value
 
-    def max_tokens(self, topology: str, default: int) -> int:
-        return int(self.get("max_tokens", {}).get(topology, default))
-
 
 def find_file(start: Path) -> Path | None:
     """handoff.toml, or a pyproject.toml with a [tool.handoff] table, in `start` or above."""
@@ -120,9 +117,12 @@ def resolve(
     installed: set[str],
     overrides: Mapping[str, tuple[object, str]] | None = None,
     start: Path | None = None,
+    used: tuple[str, ...] = tuple(KEYS),
 ) -> Configuration:
     """Built-in defaults < the backend's defaults < the shared table < the backend's table
-    < `overrides` (key -> (value, which option)); None overrides are ignored."""
+    < `overrides` (key -> (value, which option)); None overrides are ignored. A key in the
+    backend's own table that the backend does not use (`used`) is an error, not a silent no-op.
+    """
     values = {k: Setting(v, "built-in default") for k, v in BUILT_IN.items()}
     values.update({k: Setting(v, f"{backend} backend default") for k, v in defaults.items()})
     path = find_file(start or Path.cwd())
@@ -131,7 +131,15 @@ def resolve(
         prefix = "" if path.name == "handoff.toml" else "tool.handoff"
         for table, label in (("", prefix), (backend, ".".join(filter(None, (prefix, backend))))):
             where = f"{path.name} [{label}]" if label else path.name
-            values.update({k: Setting(v, where) for k, v in tables.get(table, {}).items()})
+            found = tables.get(table, {})
+            if table and (unused := [k for k in found if k not in used]):
+                raise HandoffError(
+                    f"{', '.join(unused)} in [{label}] of {path} does nothing for the "
+                    f"{backend} backend (it uses {', '.join(used)}): remove it"
+                )
+            if table == "":
+                found = {k: v for k, v in found.items() if k in used}
+            values.update({k: Setting(v, where) for k, v in found.items()})
     for key, (value, option) in (overrides or {}).items():
         if value is not None:
             values[key] = Setting(value, f"command line {option}")

@@ -81,6 +81,8 @@ class MockerBackend(Backend):
     worker_ports = ("system",)
     migration_counts = "exact"
     defaults: ClassVar[dict[str, object]] = {**Backend.defaults, "case_timeout_s": 90.0}
+    #: The mocker serves its own tokenizer-only model and needs no image or model cache.
+    uses_settings = ("max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s")
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
         self.speedup_ratio = speedup_ratio
@@ -98,7 +100,9 @@ class MockerBackend(Backend):
 
     def shape(self, case: Case) -> Shape:
         timing = TIMINGS[(case.topology, case.fault)]
-        return Shape(prompt(timing.prompt_tokens), timing.prompt_tokens, timing.output)
+        configured = self.setting("max_tokens") or {}
+        output = configured.get(case.topology, timing.output)
+        return Shape(prompt(timing.prompt_tokens), timing.prompt_tokens, output)
 
     def worker(
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path

@@ -1,0 +1,54 @@
+"""What this machine has: NVIDIA GPUs (through NVML), Python packages, binaries. Each check
+answers at once, so a session that cannot run here fails in seconds with what is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+from handoff.errors import HandoffError
+
+
+def gpu_count() -> tuple[int, str]:
+    """How many NVIDIA GPUs NVML sees, and why none when it is 0."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0, "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return 0, f"no NVIDIA driver answers (NVML: {exc})"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+    return count, "" if count else "the NVIDIA driver lists no GPU"
+
+
+def missing_modules(*modules: str) -> list[str]:
+    """The top-level Python modules of `modules` that this interpreter cannot import."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def require_engine(backend: str, *modules: str) -> None:
+    """Fail with one line naming everything `backend` lacks here: a GPU, its packages."""
+    missing = []
+    count, why = gpu_count()
+    if not count:
+        missing.append(f"no GPU ({why})")
+    missing += [f"{m} is not installed" for m in missing_modules(*modules)]
+    if missing:
+        raise HandoffError(
+            f"the {backend} backend cannot run here: {'; '.join(missing)}. Run it on a GPU "
+            f"machine with {', '.join(modules)} installed, or inside its runtime container "
+            f"(nox -s {backend}_pre_merge -- --image IMAGE)"
+        )
+
+
+def require_binary(name: str, fix: str) -> str:
+    """The path of `name` on PATH, or an error that says how to get it."""
+    path = shutil.which(name)
+    if path is None:
+        raise HandoffError(f"{name} is not on PATH: {fix}")
+    return path
