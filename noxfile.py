@@ -1,4 +1,9 @@
-"""handoff's sessions. `nox -l` lists them; each installs what it needs into its own venv."""
+"""handoff's sessions. `nox -l` lists them; each installs what it needs into its own venv.
+
+The GPU sessions take `--image IMAGE` among their arguments (or HANDOFF_IMAGE, or the team's
+`image` setting) to run inside that runtime container; without one they run on this machine,
+whose engine they see through the system site-packages, and fail at once if it has none.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ nox.options.sessions = ["lint", "tests"]
 #: declared dependencies; handoff-mocker declares the ones the frontend and mocker really use.
 DYNAMO = ["ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1"]
 PACKAGES = ["-e", "packages/core", "-e", "packages/mocker_backend"]
+GPU_BACKENDS = ("vllm", "sglang", "trtllm")
+GPU_PACKAGES = [arg for b in GPU_BACKENDS for arg in ("-e", f"packages/{b}_backend")]
 QUALIFY = ["pytest", "--pyargs", "handoff.qualification"]
 
 
@@ -22,7 +29,8 @@ def install_mocker_stack(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The project's own tests: unit, then end to end on the real Dynamo frontend and mocker."""
     install_mocker_stack(session)
-    session.install("-e", "tests/example_backend")  # a third-party backend, as users add one
+    # A third-party backend, as users add one; the GPU backends for their launch facts.
+    session.install("-e", "tests/example_backend", *GPU_PACKAGES)
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -51,6 +59,37 @@ def mocker_pre_merge(session: nox.Session) -> None:
 def mocker_nightly(session: nox.Session) -> None:
     """Every topology's nightly selection (the widest products allowed) on the mocker."""
     qualify_on_mocker(session, "nightly")
+
+
+def qualify_on_gpu(session: nox.Session, backend: str) -> None:
+    session.install("-e", "packages/core", "-e", f"packages/{backend}_backend", "pytest-xdist")
+    session.run("handoff", "qualify", "--backend", backend, *session.posargs)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def vllm_pre_merge(session: nox.Session) -> None:
+    """vLLM pre-merge cases on a GPU, here or inside a runtime image (-- --image IMAGE)."""
+    qualify_on_gpu(session, "vllm")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def sglang_pre_merge(session: nox.Session) -> None:
+    """SGLang pre-merge cases on a GPU, here or inside a runtime image (-- --image IMAGE)."""
+    qualify_on_gpu(session, "sglang")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def trtllm_pre_merge(session: nox.Session) -> None:
+    """TRT-LLM pre-merge cases on a GPU, here or inside a runtime image (-- --image IMAGE)."""
+    qualify_on_gpu(session, "trtllm")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def nightly(session: nox.Session) -> None:
+    """Every installed backend's nightly selection where it can run; a table of what ran."""
+    install_mocker_stack(session)
+    session.install(*GPU_PACKAGES)
+    session.run("handoff", "nightly", *session.posargs)
 
 
 @nox.session

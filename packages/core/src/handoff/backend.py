@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import requests
-
 from handoff.errors import HandoffError
-from handoff.metrics import sample_sum
+from handoff.metrics import worker_sum
 
 if TYPE_CHECKING:
     from handoff.cases import Case, Restriction
@@ -24,10 +22,14 @@ INFLIGHT = "dynamo_component_inflight_requests"
 
 @dataclass(frozen=True)
 class Model:
-    """What every process of a deployment serves: the name clients ask for and where it lives."""
+    """What every process of a deployment serves: the name clients ask for and where it lives.
+
+    `path` None: the workers load the model by name and register it, and the frontend learns it
+    from their registration (it gets only `--model-name`).
+    """
 
     name: str
-    path: Path
+    path: Path | None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class Backend(ABC):
     - `name` (the `--handoff-backend` value) and `version`;
     - `topologies`: for each supported topology, the roles of its workers in launch order;
     - `unsupported`: for each topology it does not run, why (shown by `handoff cases`);
-    - `worker_ports`: names of the ports each worker needs (core allocates them on loopback);
+    - `worker_ports`: names of the ports each worker needs (core leases them on loopback;
+      `role_ports` narrows them per role);
     - `restrictions`: axis values the engine cannot run in any topology, each with why; those
       rows are not generated (and `handoff cases` says why);
     - `migration_counts`: "exact" when the frontend's migration counters must equal the
@@ -79,6 +82,11 @@ class Backend(ABC):
     unsupported: ClassVar[Mapping[str, str]] = {}
     restrictions: ClassVar[tuple[Restriction, ...]] = ()
     worker_ports: tuple[str, ...] = ("system",)
+    #: The `worker_ports` names a role's worker uses, where it uses fewer than all of them.
+    role_ports: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: A counter of completed KV transfers that decode workers export on their system port:
+    #: a kv_transfer case proves its transfer by it when the backend knows no transfer time.
+    kv_transfer_counter: ClassVar[str | None] = None
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     defaults: ClassVar[Mapping[str, object]] = {"case_timeout_s": 120.0, "startup_timeout_s": 60.0}
     #: The settings keys this backend reads; a team setting any other for it is an error.
@@ -103,6 +111,10 @@ class Backend(ABC):
         if topology in self.topologies:
             return None
         return self.unsupported.get(topology, "not declared by the backend")
+
+    def ports_of(self, role: str) -> tuple[str, ...]:
+        """The names of the ports core leases for a worker in `role`."""
+        return self.role_ports.get(role, self.worker_ports)
 
     def roles(self, topology: str) -> tuple[str, ...]:
         """The worker roles of `topology`, or an error saying why it is not supported."""
@@ -148,8 +160,5 @@ class Backend(ABC):
 
 
 def _inflight(system_port: int) -> float:
-    try:
-        text = requests.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2).text
-    except requests.RequestException:
-        return 0.0  # a worker that cannot answer holds nothing we could fault
-    return sample_sum(text, INFLIGHT, {"dynamo_endpoint": "generate"})
+    # A worker that cannot answer holds nothing we could fault: worker_sum reads it as 0.
+    return worker_sum(system_port, INFLIGHT, {"dynamo_endpoint": "generate"})

@@ -4,15 +4,21 @@ code 2."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from handoff import container
 from handoff.backend import Backend
 from handoff.cases import SELECTIONS, TOPOLOGIES, Case, promise, selection, topology, unmet
 from handoff.errors import HandoffError
+from handoff.nightly import print_table, run_nightly
 from handoff.plugins import configured_backend, load
 from handoff.settings import KEYS
 
@@ -29,12 +35,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = commands.add_parser("config", help="a backend's effective settings and sources")
     config.add_argument("--backend", required=True)
-    args = parser.parse_args(argv)
+    qualify = commands.add_parser(
+        "qualify",
+        help="run a backend's selection: inside its runtime image when one is set, else here",
+    )
+    qualify.add_argument("--backend", required=True)
+    qualify.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
+    qualify.add_argument("--image", help="runtime image (default: HANDOFF_IMAGE, else settings)")
+    nightly = commands.add_parser(
+        "nightly", help="every installed backend's nightly selection where it can run"
+    )
+    nightly.add_argument("--image", help="runtime container image for the GPU backends")
+    nightly.add_argument("--logs", default=".handoff/runs", help="folder for the run's results")
+    nightly.add_argument("pytest_args", nargs="*", help="after --: passed to each pytest run")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "qualify":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "backends":
             return list_backends()
         if args.command == "config":
             return show_config(args.backend)
+        if args.command == "qualify":
+            return qualify_backend(args.backend, args.selection, args.image, extra)
+        if args.command == "nightly":
+            return nightly_run(args.image, Path(args.logs), args.pytest_args)
         return list_cases(args.backend, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)
@@ -104,6 +129,28 @@ def show_config(backend_name: str) -> int:
         table.add_row(key, escape(value), escape(source), meaning)  # sources hold [tables]
     Console(width=160).print(table)
     return 0
+
+
+def qualify_backend(backend: str, selection_name: str, image: str | None, rest: list[str]) -> int:
+    """pytest for the backend's selection, inside its image when one is found (--image, else
+    HANDOFF_IMAGE, else its `image` setting), else on this machine. Unknown arguments go to
+    pytest; pytest's exit status is the result."""
+    args = ["--handoff-selection", selection_name, *(a for a in rest if a != "--")]
+    found = container.find_image(backend, image, os.environ, container.find_repo(Path.cwd()))
+    if found is not None:
+        return container.main(["--backend", backend, "--image", found[0], "--", *args])
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification"]
+    return subprocess.run([*argv, "--handoff-backend", backend, *args], check=False).returncode
+
+
+def nightly_run(image: str | None, logs: Path, pytest_args: list[str]) -> int:
+    """Exit 0 only when something ran and everything that ran passed."""
+    run_dir = logs / time.strftime("nightly-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = run_nightly(run_dir.resolve(), image, pytest_args)
+    print_table(outcomes)
+    ran = [o for o in outcomes if o.ran]
+    return 0 if ran and all(o.ok for o in ran) else 1
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ class Deployment:
             env,
         )
         for i, role in enumerate(self.roles):
-            ports = {name: self.leases.take() for name in self.backend.worker_ports}
+            ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
             launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
             name = f"worker-{i}-{role}"
             process = self._spawn(name, launch.argv, {**env, **launch.env})

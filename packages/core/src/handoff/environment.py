@@ -41,7 +41,7 @@ def require_engine(backend: str, *modules: str) -> None:
     if missing:
         raise HandoffError(
             f"the {backend} backend cannot run here: {'; '.join(missing)}. Run it on a GPU "
-            f"machine with {', '.join(modules)} installed, or inside its runtime container "
+            f"machine with {' and '.join(modules)} installed, or inside its runtime container "
             f"(nox -s {backend}_pre_merge -- --image IMAGE)"
         )
 

@@ -38,6 +38,15 @@ def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
     )
 
 
+def worker_sum(system_port: int, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """`sample_sum` of a worker's own /metrics; 0 when the worker does not answer."""
+    try:
+        text = scrape(f"http://127.0.0.1:{system_port}/metrics", timeout_s=2)
+    except requests.RequestException:
+        return 0.0
+    return sample_sum(text, name, labels)
+
+
 def frontend_output_tokens(url: str, model: str) -> int:
     """Tokens the frontend has received from workers: how far a unary request has got."""
     return int(sample_sum(scrape(url), OUTPUT_TOKENS, {"model": model}))

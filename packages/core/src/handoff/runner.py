@@ -21,6 +21,8 @@ from handoff.polling import Deadline, Timeout, poll_until
 from handoff.verdict import Verdict, count_problems, judge, transfer_problems
 
 METRICS_SETTLE_S = 3.0
+#: The first token follows the transfer; its counter may lag the token by a scrape or so.
+TRANSFER_COUNT_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def exercise(
     )
     history.record("in_flight_proven", how=proof)
     evidence = (
-        transfer_evidence(backend, case, metrics_url, model, history)
+        transfer_evidence(deployment, case, metrics_url, history)
         if where.proves_kv_transfer
         else []
     )
@@ -155,15 +157,32 @@ def exercise(
 
 
 def transfer_evidence(
-    backend: Backend, case: Case, metrics_url: str, model: str, history: History
+    deployment: Deployment, case: Case, metrics_url: str, history: History
 ) -> list[str]:
-    """kv_transfer cases: the first token, read before the fault, came after the transfer."""
+    """kv_transfer cases, before the fault: the first token came after the known transfer
+    time, or the decode workers' transfer counter rose (each case's workers start at 0)."""
+    backend, model = deployment.backend, deployment.model
     floor = backend.kv_transfer_floor_s(case)
-    if floor is None:
-        return [f"backend {backend.name!r} gives no KV transfer time: the transfer is unproven"]
-    ttft = metrics.frontend_mean_ttft(metrics_url, model)
-    history.record("kv_transfer_checked", ttft_s=ttft, transfer_floor_s=round(floor, 4))
-    return transfer_problems(ttft, floor)
+    if floor is not None:
+        assert model is not None
+        ttft = metrics.frontend_mean_ttft(metrics_url, model.name)
+        history.record("kv_transfer_checked", ttft_s=ttft, transfer_floor_s=round(floor, 4))
+        return transfer_problems(ttft, floor)
+    counter = backend.kv_transfer_counter
+    if counter is None:
+        return [f"backend {backend.name!r} gives no KV transfer time or counter: unproven"]
+    ports = [w.ports["system"] for w in deployment.workers if w.role == "decode"]
+
+    def counted() -> tuple[float | None, str]:
+        total = sum(metrics.worker_sum(port, counter) for port in ports)
+        return (total or None), f"{counter} = {total:g} on the decode workers"
+
+    try:
+        total = poll_until(counted, Deadline(TRANSFER_COUNT_WAIT_S), f"{counter} to rise")
+    except Timeout as exc:
+        return [f"no KV transfer counted before the fault: {exc}"]
+    history.record("kv_transfer_checked", counter=counter, transfers=total)
+    return []
 
 
 def settled_counts(

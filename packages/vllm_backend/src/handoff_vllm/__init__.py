@@ -1,6 +1,120 @@
-"""handoff backend for Dynamo with vLLM workers.
+"""handoff backend: Dynamo with vLLM workers (`python -m dynamo.vllm`).
 
-Only the package and its entry point exist so far: it registers no backend until its launch
-facts (worker commands, ports, KV cap, holder detection) land, so `handoff backends` does not
-list it and no case can run against it by accident.
+Launch facts from Dynamo's tests/fault_tolerance/migration/test_vllm.py, reduced to a
+1,024-token context; what every Dynamo GPU worker shares is in `handoff.gpu_backend`.
+
+KV cap: vLLM takes a fixed number of KV blocks (`--num-gpu-blocks-override`), not a fraction
+of free memory. The blocks are derived from the seed byte cap (`requested_vllm_kv_cache_bytes`)
+with 16-token blocks (`--block-size 16`, passed so the derivation holds) and Qwen3-0.6B's KV
+bytes per token: 331,711,000 B / (16 x 114,688 B) = 180 blocks, 2,880 tokens. For another model
+handoff does not know the bytes per token, so it asks for Dynamo's suite's 512 blocks.
+`--gpu-memory-utilization 0.15` stays small so that three workers fit one GPU and vLLM's
+free-memory check at start-up passes.
+
+Ports: `system` (Dynamo's status server, every role); `rendezvous` (`--master-port`, every
+role); `kv_events` (the ZMQ KV event publisher, on loopback, of aggregate and prefill workers,
+as in Dynamo's suite); `nixl` (the NIXL side channel of the prefill and decode workers, which
+transfer KV). An aggregate worker loads no KV connector, so it has no NIXL side channel; a
+decode worker publishes no KV events.
 """
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib.metadata import version
+from pathlib import Path
+
+from handoff.backend import Model
+from handoff.gpu_backend import CONTEXT_TOKENS, DEFAULT_MODEL, PREFILL_TOO_SHORT, DynamoGpuBackend
+from handoff.hookspecs import hookimpl
+from handoff.services import LOOPBACK
+
+#: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
+KV_CACHE_BYTES = 331_711_000
+BLOCK_TOKENS = 16
+#: Qwen3-0.6B: K and V x 28 layers x 8 KV heads x 128 dimensions x 2 bytes (bfloat16).
+QWEN3_KV_BYTES_PER_TOKEN = 2 * 28 * 8 * 128 * 2
+#: Dynamo's suite's block count, for a model whose KV bytes per token handoff does not know.
+FALLBACK_BLOCKS = 512
+GPU_MEMORY_UTILIZATION = 0.15
+#: vLLM's prefill worker refuses to start without an explicit connector (dynamo.vllm.args).
+KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+#: Dynamo's names for the disaggregated roles; an aggregate worker passes no mode (agg).
+MODES = {"prefill": "prefill", "decode": "decode"}
+
+
+def gpu_blocks(model_name: str) -> int:
+    """The KV blocks each worker gets: the seed byte cap in blocks of the default model."""
+    if model_name != DEFAULT_MODEL:
+        return FALLBACK_BLOCKS
+    return KV_CACHE_BYTES // (BLOCK_TOKENS * QWEN3_KV_BYTES_PER_TOKEN)
+
+
+def compact(value: dict) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class VllmBackend(DynamoGpuBackend):
+    name = "vllm"
+    version = version("handoff-vllm")
+    engine_module = "vllm"
+    dynamo_module = "dynamo.vllm"
+    unsupported = {
+        "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
+        + PREFILL_TOO_SHORT
+    }
+    worker_ports = ("system", "nixl", "kv_events", "rendezvous")
+    role_ports = {
+        "aggregate": ("system", "kv_events", "rendezvous"),
+        "prefill": ("system", "nixl", "kv_events", "rendezvous"),
+        "decode": ("system", "nixl", "rendezvous"),
+    }
+    migration_counts = "exact"
+    #: NIXL transfers completed by a decode worker (it reads the KV blocks from the prefill
+    #: worker), from vLLM's NIXL connector metrics on the worker's /metrics.
+    kv_transfer_counter = "vllm:nixl_xfer_time_seconds_count"
+    # Seeds from Dynamo's suite, to be profiled again with handoff's profiler.
+    timeouts = {"aggregate": 290.0, "decode": 350.0, "kv_transfer": 350.0}
+    profiled_vram_gib = {"aggregate": 4.8, "decode": 6.8, "kv_transfer": 6.9}
+    kv_cap = ("requested_vllm_kv_cache_bytes", KV_CACHE_BYTES)
+
+    def engine_argv(
+        self, role: str, model: Model, ports: Mapping[str, int], folder: Path
+    ) -> list[str]:
+        argv = [
+            "--model", self.model_source(model),
+            "--served-model-name", model.name,
+            "--enforce-eager",
+            "--max-model-len", str(CONTEXT_TOKENS),
+            "--max-num-seqs", "1",
+            "--block-size", str(BLOCK_TOKENS),
+            "--num-gpu-blocks-override", str(gpu_blocks(model.name)),
+            "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
+            "--master-port", str(ports["rendezvous"]),
+        ]  # fmt: skip
+        if role in MODES:
+            argv += ["--disaggregation-mode", MODES[role]]
+            argv += ["--kv-transfer-config", compact(KV_TRANSFER_CONFIG)]
+        if "kv_events" in self.ports_of(role):
+            events = {
+                "publisher": "zmq",
+                "topic": "kv-events",
+                "endpoint": f"tcp://{LOOPBACK}:{ports['kv_events']}",
+                "enable_kv_cache_events": True,
+            }
+            argv += ["--kv-events-config", compact(events)]
+        return argv
+
+    def engine_env(self, role: str, ports: Mapping[str, int]) -> dict[str, str]:
+        if "nixl" not in self.ports_of(role):
+            return {}
+        return {
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["nixl"]),
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,
+        }
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(VllmBackend())

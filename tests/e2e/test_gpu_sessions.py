@@ -1,0 +1,34 @@
+"""On a machine without a GPU or an engine, a GPU backend's run fails at once in one line."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_qualify_without_a_gpu_fails_at_collection_naming_what_is_missing(backend, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "handoff.cli", "qualify", "--backend", backend,
+         "-p", "no:cacheprovider", "--handoff-logs", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env={"PATH": "", "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:]
+    reason = f"the {backend} backend cannot run here: no GPU ("
+    lines = [line for line in result.stdout.splitlines() if line.startswith(reason)]
+    assert len(lines) == 1, result.stdout[-2000:]
+    assert f"nox -s {backend}_pre_merge -- --image IMAGE" in lines[0]
+    assert "collected 0 items / 1 error" in result.stdout
+
+
+def test_qualify_with_an_image_but_no_docker_engine_fails_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "handoff.cli", "qualify", "--backend", "vllm",
+         "--image", "team/vllm-runtime:1"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("handoff: error: this host cannot run the runtime container")
+    assert "docker is not on PATH" in result.stderr and "no NVIDIA GPU" in result.stderr

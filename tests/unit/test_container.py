@@ -1,0 +1,305 @@
+"""The runtime-container command: the docker argv, where the image and model cache come from,
+and the preflight checks, each run for real (this machine and CI have no GPU)."""
+
+import itertools
+import shlex
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from handoff import container
+from handoff.container import (
+    CACHE_IN_CONTAINER,
+    IMAGE_ENV,
+    Engine,
+    Run,
+    docker_command,
+    handback_command,
+    main,
+)
+from handoff.environment import gpu_count
+from handoff.errors import HandoffError
+
+RUN = Run(
+    backend="vllm",
+    image="registry.example/team/vllm-runtime:1.6.1",
+    repo=Path("/src/handoff"),
+    model_cache=Path("/data/hf"),
+    pytest_args=("-k", "kv_transfer and not nats", "-n", "2"),
+)
+needs_docker = pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
+
+
+def option_pairs(command):
+    return list(itertools.pairwise(command))
+
+
+def script_of(command):
+    """The tokens of the `bash -c` script, as bash will split them."""
+    assert command[-3:-1] == ["bash", "-c"]
+    return shlex.split(command[-1])
+
+
+def test_command_has_each_flag_mount_and_the_image_before_the_script():
+    command = docker_command(RUN, environ={})
+    assert command[:3] == ["docker", "run", "--rm"]
+    pairs = option_pairs(command)
+    for pair in [
+        ("--gpus", "all"),
+        ("--network", "host"),
+        ("--pid", "host"),
+        ("--ipc", "host"),
+        ("-v", "/src/handoff:/src/handoff"),
+        ("-w", "/src/handoff"),
+        ("-v", f"/data/hf:{CACHE_IN_CONTAINER}"),
+        ("-e", f"HF_HOME={CACHE_IN_CONTAINER}"),
+    ]:
+        assert pair in pairs, pair
+    assert "--user" not in command and "-u" not in command
+    assert command.index(RUN.image) == len(command) - 4
+    assert command[command.index(RUN.image) + 1 : -1] == ["bash", "-c"]  # docker options before
+    assert not any("CUDA_VISIBLE_DEVICES" in arg for arg in command)
+    assert not any("HANDOFF_RUN_DIR" in arg for arg in command)
+
+
+def test_the_handoff_packages_are_installed_before_pytest_runs():
+    tokens = script_of(docker_command(RUN, environ={}))
+    split = tokens.index("&&")
+    assert tokens[:split] == [
+        "python", "-m", "pip", "install", "-q",
+        "-e", "packages/core", "-e", "packages/vllm_backend",
+    ]  # fmt: skip
+    assert tokens[split + 1 :] == [
+        "exec", "python", "-m", "pytest", "--pyargs", "handoff.qualification",
+        "--handoff-backend", "vllm", "-k", "kv_transfer and not nats", "-n", "2",
+    ]  # fmt: skip
+
+
+def test_arguments_with_spaces_and_quotes_survive_both_shells():
+    odd = Run(RUN.backend, RUN.image, Path("/src/my repo"), RUN.model_cache, ("-k", "it's a b"))
+    command = docker_command(odd, environ={})
+    assert shlex.split(shlex.join(command)) == command  # the printed line runs as built
+    assert ("-v", "/src/my repo:/src/my repo") in option_pairs(command)
+    assert script_of(command)[-2:] == ["-k", "it's a b"]
+
+
+def test_cuda_visible_devices_passes_with_its_value_and_secrets_by_name_only():
+    environ = {"CUDA_VISIBLE_DEVICES": "2,3", "HF_TOKEN": "hf_secret", "PATH": "/usr/bin"}
+    command = docker_command(RUN, environ)
+    before_image = command[: command.index(RUN.image)]
+    assert ("-e", "CUDA_VISIBLE_DEVICES=2,3") in option_pairs(before_image)
+    assert ("-e", "HF_TOKEN") in option_pairs(before_image)
+    assert "hf_secret" not in shlex.join(command)
+    assert not any("PATH" in arg for arg in before_image)
+
+
+def test_handback_gives_only_root_owned_files_in_the_mounts_to_the_host_user():
+    command = handback_command(RUN, uid=1000, gid=1001)
+    image_at = command.index(RUN.image)
+    assert command[image_at - 2 : image_at] == ["--entrypoint", "find"]
+    assert command[image_at + 1 :] == [
+        "/src/handoff/.handoff", "/src/handoff/packages", CACHE_IN_CONTAINER,
+        "-user", "0", "-exec", "chown", "-h", "1000:1001", "{}", "+",
+    ]  # fmt: skip
+    assert ("-v", f"/data/hf:{CACHE_IN_CONTAINER}") in option_pairs(command)
+
+
+@pytest.mark.parametrize(
+    ("options", "maps"),
+    [
+        (["name=seccomp,profile=builtin", "name=cgroupns"], False),
+        (["name=seccomp,profile=builtin", "name=rootless", "name=cgroupns"], True),
+        (["name=userns"], True),
+    ],
+)
+def test_rootless_and_remapped_engines_need_no_handback(options, maps):
+    assert Engine("28.2.2", tuple(options)).maps_users is maps
+
+
+@pytest.mark.parametrize("name", ["", "v llm", "vllm;rm", "../vllm", "1vllm", "vllm-x"])
+def test_a_backend_name_that_is_not_a_plain_identifier_is_refused(name):
+    with pytest.raises(HandoffError, match="not a plain identifier"):
+        container.check_backend_name(name)
+
+
+# --- preflight, each check for real ---------------------------------------------------------
+
+
+def test_no_docker_binary_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HandoffError, match=r"^docker is not on PATH: install Docker Engine"):
+        container.check_docker_binary()
+
+
+@needs_docker
+def test_no_docker_engine_at_the_socket_is_docker_s_own_line(tmp_path, monkeypatch):
+    sock = tmp_path / "none.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    started = time.monotonic()
+    with pytest.raises(HandoffError) as error:
+        container.check_docker_engine()
+    assert time.monotonic() - started < container.DOCKER_INFO_TIMEOUT_S
+    message = str(error.value)
+    assert message.startswith("docker is installed but no docker engine answers (")
+    assert str(sock) in message  # docker's own first line names where it looked
+    assert "DOCKER_HOST" in message and "\n" not in message
+
+
+@needs_docker
+def test_an_engine_that_never_answers_fails_at_the_timeout(tmp_path, monkeypatch):
+    sock = tmp_path / "silent.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock))
+    listener.listen()  # accepts connections in the kernel, never answers
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    try:
+        started = time.monotonic()
+        with pytest.raises(HandoffError, match=r"answered `docker info` within 1 s at unix://"):
+            container.check_docker_engine(timeout_s=1)
+        assert time.monotonic() - started < 5
+    finally:
+        listener.close()
+
+
+def test_the_gpu_check_names_nvml_when_there_is_no_gpu():
+    count, why = gpu_count()
+    if count:  # a GPU host: the check passes and says how many
+        assert container.check_gpu() == count
+        return
+    with pytest.raises(HandoffError) as error:
+        container.check_gpu()
+    message = str(error.value)
+    assert message.startswith(f"no NVIDIA GPU on this host ({why})")
+    assert "NVML" in message or "driver" in message
+    assert "NVIDIA Container Toolkit" in message
+
+
+def test_preflight_names_everything_missing_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    if gpu_count()[0]:
+        with pytest.raises(HandoffError, match=r"^this host .*: \(1\) docker is not on PATH[^;]*$"):
+            container.preflight()
+        return
+    with pytest.raises(HandoffError) as error:
+        container.preflight()
+    message = str(error.value)
+    assert message.startswith("this host cannot run the runtime container: (1) docker is not on")
+    assert "; (2) no NVIDIA GPU on this host" in message and "\n" not in message
+
+
+# --- image and model cache: flag > HANDOFF_IMAGE > settings ---------------------------------
+
+
+@pytest.fixture
+def team_repo(tmp_path, monkeypatch):
+    """A repository with core, a vllm and an sglang package, and the team's settings."""
+    repo = tmp_path / "repo"
+    for package in ("core", "vllm_backend", "sglang_backend"):
+        (repo / "packages" / package).mkdir(parents=True)
+        (repo / "packages" / package / "pyproject.toml").write_text("[project]\n")
+    (repo / "pyproject.toml").write_text(
+        '[tool.handoff.vllm]\nimage = "team/vllm:1"\nmodel_cache = "~/hf"\n'
+        '[tool.handoff.sglang]\nimage = "team/sglang:1"\n'
+    )
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return repo
+
+
+def test_image_precedence_flag_then_environment_then_settings(team_repo):
+    resolve = container.resolve_image
+    environ = {IMAGE_ENV: "env/img:2"}
+    assert resolve("vllm", "flag/img:3", environ, team_repo) == ("flag/img:3", "--image")
+    assert resolve("vllm", None, environ, team_repo) == ("env/img:2", IMAGE_ENV)
+    assert resolve("vllm", None, {}, team_repo) == (
+        "team/vllm:1",
+        "pyproject.toml [tool.handoff.vllm]",
+    )
+    assert resolve("sglang", None, {}, team_repo)[0] == "team/sglang:1"
+
+
+def test_no_image_anywhere_says_the_three_ways_to_give_one(team_repo):
+    (team_repo / "pyproject.toml").write_text("[tool.handoff]\ngraceful_bound_s = 2\n")
+    with pytest.raises(HandoffError, match=r"pass --image IMAGE, set HANDOFF_IMAGE, or set image"):
+        container.resolve_image("vllm", None, {}, team_repo)
+
+
+@pytest.mark.parametrize(
+    ("flag", "environ", "message"),
+    [
+        ("", {}, "the image from --image is empty"),
+        (None, {IMAGE_ENV: ""}, "the image from HANDOFF_IMAGE is empty"),
+        ("--privileged", {}, "'--privileged' from --image is not an image reference"),
+        ("a b", {}, "'a b' from --image is not an image reference"),
+    ],
+)
+def test_an_empty_or_option_like_image_is_refused(team_repo, flag, environ, message):
+    with pytest.raises(HandoffError, match=message):
+        container.resolve_image("vllm", flag, environ, team_repo)
+
+
+def test_model_cache_precedence_flag_then_settings_then_home(team_repo, tmp_path):
+    home = tmp_path / "home"
+    assert container.resolve_model_cache("vllm", "~/other", team_repo) == home / "other"
+    assert container.resolve_model_cache("vllm", None, team_repo) == home / "hf"
+    assert container.resolve_model_cache("sglang", None, team_repo) == home / ".cache/huggingface"
+
+
+def test_dry_run_prints_the_command_from_the_team_settings(
+    team_repo, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(team_repo / "packages")  # found upward, like pytest's rootdir
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker: a dry run must not need it
+    assert main(["--backend", "vllm", "--dry-run", "--", "-k", "a b", "-x"]) == 0
+    out, err = capsys.readouterr()
+    repo, cache = team_repo, tmp_path / "home" / "hf"
+    assert err == ""
+    assert out == (
+        f"docker run --rm --gpus all --network host --pid host --ipc host -v {repo}:{repo} "
+        f"-w {repo} -v {cache}:/root/.cache/huggingface -e HF_HOME=/root/.cache/huggingface "
+        "-e PYTHONUNBUFFERED=1 -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e PIP_ROOT_USER_ACTION=ignore "
+        "team/vllm:1 bash -c 'python -m pip install -q -e packages/core -e packages/vllm_backend"
+        " && exec python -m pytest --pyargs handoff.qualification --handoff-backend vllm -k "
+        "'\"'\"'a b'\"'\"' -x'\n"
+    )
+    assert not cache.exists()  # a dry run creates nothing
+
+
+def test_dry_run_takes_the_environment_over_settings_and_the_flag_over_both(
+    team_repo, monkeypatch, capsys
+):
+    monkeypatch.chdir(team_repo)
+    monkeypatch.setenv(IMAGE_ENV, "env/img:2")
+    assert main(["--backend", "vllm", "--dry-run"]) == 0
+    assert " env/img:2 bash -c " in capsys.readouterr().out
+    assert main(["--backend", "vllm", "--image", "flag/img:3", "--dry-run"]) == 0
+    assert " flag/img:3 bash -c " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "vllm", "--image", "", "--dry-run"], "the image from --image is empty"),
+        (["--backend", "v.llm", "--image", "i", "--dry-run"], "'v.llm' is not a plain identifier"),
+        (["--backend", "trtllm", "--image", "i", "--dry-run"], "use one of sglang, vllm"),
+        (["--backend", "vllm", "-k", "x"], "unrecognized arguments: -k x (put pytest's arguments"),
+        (["--image", "i"], "the following arguments are required: --backend"),
+    ],
+)
+def test_input_errors_are_one_line_and_exit_2(team_repo, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(team_repo)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("handoff: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_outside_a_repository_the_error_says_where_to_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--backend", "vllm", "--image", "i", "--dry-run"]) == 2
+    assert "run this from inside the repository" in capsys.readouterr().err
