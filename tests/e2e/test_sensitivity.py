@@ -151,3 +151,35 @@ def test_a_kv_transfer_case_without_a_transfer_fails(tmp_path):
     assert not result.verdict.passed
     assert any("no transfer happened" in r for r in result.verdict.reasons)
     assert_ports_free(result)
+
+
+class CountedTransferMocker(MockerBackend):
+    """Proves the transfer by a counter on the decode workers instead of by timing, as the GPU
+    engines do. The mocker has no transfer counter, so `counter` stands in: the decode
+    workers' request counter rises when the prefilled request reaches them, and a counter
+    nobody exports never rises."""
+
+    def __init__(self, counter: str) -> None:
+        super().__init__()
+        self.kv_transfer_counter = counter
+
+    def kv_transfer_floor_s(self, case):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("counter", "passes"),
+    [("dynamo_component_requests_total", True), ("handoff_no_such_transfers_total", False)],
+)
+def test_the_transfer_counter_proof_passes_only_when_the_counter_rises(tmp_path, counter, passes):
+    case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
+    result = run_case(CountedTransferMocker(counter), case, tmp_path, SETTINGS, timeout_s=60)
+    assert result.verdict.passed is passes, result.verdict.reasons
+    checked = [e for e in result.history.events if e.name == "kv_transfer_checked"]
+    if passes:
+        assert checked and checked[0].data["transfers"] >= 1
+    else:
+        assert f"no KV transfer counted before the fault: timed out waiting for {counter}" in (
+            " ".join(result.verdict.reasons)
+        )
+    assert_ports_free(result)

@@ -77,6 +77,10 @@ def test_broken_plugin_is_one_line_and_the_others_still_work(broken_plugin_path)
             "@hookimpl\ndef register_backends(register, extra):\n    pass\n",
             "failed to load: PluginValidationError",
         ),
+        (
+            "def register_backends(register):\n    pass\n",  # no @hookimpl: pluggy ignores it
+            "has no hook: LookupError: no @hookimpl register_backends(register) in broken_plugin",
+        ),
     ],
 )
 def test_a_misbehaving_plugin_is_named_with_its_package(broken_plugin_path, body, message):

@@ -47,9 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     nightly.add_argument("--image", help="runtime container image for the GPU backends")
     nightly.add_argument("--logs", default=".handoff/runs", help="folder for the run's results")
-    nightly.add_argument("pytest_args", nargs="*", help="after --: passed to each pytest run")
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "qualify":
+    if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "backends":
@@ -57,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "config":
             return show_config(args.backend)
         if args.command == "qualify":
-            return qualify_backend(args.backend, args.selection, args.image, extra)
+            return qualify_backend(
+                args.backend, args.selection, args.image, [a for a in extra if a != "--"]
+            )
         if args.command == "nightly":
-            return nightly_run(args.image, Path(args.logs), args.pytest_args)
+            return nightly_run(args.image, Path(args.logs), [a for a in extra if a != "--"])
         return list_cases(args.backend, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)
@@ -110,7 +111,10 @@ def list_cases(backend_name: str, topologies: list[str] | None, selection_name: 
 def case_line(backend: Backend, case: Case, selection_name: str, published: set[str]) -> str:
     """`<id>  <selection> marker=value ...`, ending in `added` for a pre_merge row that is not
     published but was added to keep the promise over the values the backend runs."""
-    markers = " ".join(f"{k}={v:g}" for k, v in backend.markers(case).items())
+    markers = " ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in backend.markers(case).items()
+    )
     added = selection_name == "pre_merge" and case.id not in published
     return f"{case.id}  {selection_name} {markers}" + ("  added" if added else "")
 
@@ -135,7 +139,7 @@ def qualify_backend(backend: str, selection_name: str, image: str | None, rest: 
     """pytest for the backend's selection, inside its image when one is found (--image, else
     HANDOFF_IMAGE, else its `image` setting), else on this machine. Unknown arguments go to
     pytest; pytest's exit status is the result."""
-    args = ["--handoff-selection", selection_name, *(a for a in rest if a != "--")]
+    args = ["--handoff-selection", selection_name, *rest]
     found = container.find_image(backend, image, os.environ, container.find_repo(Path.cwd()))
     if found is not None:
         return container.main(["--backend", backend, "--image", found[0], "--", *args])

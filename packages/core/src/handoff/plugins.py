@@ -43,9 +43,14 @@ def load() -> Loaded:
             continue
         packages[ep.name] = ep.dist.name if ep.dist else "its package"
         try:
-            pm.register(ep.load(), name=ep.name)
+            module = ep.load()
+            pm.register(module, name=ep.name)
         except Exception as exc:  # any failure of third-party code is that plugin's fault
             broken[ep.name] = _broken(ep.name, packages[ep.name], "failed to load", exc)
+            continue
+        if not pm.get_hookcallers(module):
+            missing = LookupError("no @hookimpl register_backends(register) in " + ep.value)
+            broken[ep.name] = _broken(ep.name, packages[ep.name], "has no hook", missing)
     found: dict[str, Backend] = {}
     for impl in pm.hook.register_backends.get_hookimpls():
         mine: list[object] = []
