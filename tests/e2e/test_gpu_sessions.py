@@ -1,5 +1,6 @@
 """On a machine without a GPU or an engine, a GPU backend's run fails at once in one line."""
 
+import os
 import subprocess
 import sys
 
@@ -32,3 +33,14 @@ def test_qualify_with_an_image_but_no_docker_engine_fails_in_one_line(tmp_path):
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("handoff: error: this host cannot run the runtime container")
     assert "docker is not on PATH" in result.stderr and "no NVIDIA GPU" in result.stderr
+
+
+def test_a_backend_that_takes_no_image_runs_here_even_with_one_set(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "handoff.cli", "qualify", "--backend", "mocker", "-p",
+         "no:cacheprovider", "--handoff-logs", str(tmp_path), "--collect-only", "-q"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HANDOFF_IMAGE": "team/runtime:1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "18 tests collected" in result.stdout

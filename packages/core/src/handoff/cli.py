@@ -137,10 +137,13 @@ def show_config(backend_name: str) -> int:
 
 def qualify_backend(backend: str, selection_name: str, image: str | None, rest: list[str]) -> int:
     """pytest for the backend's selection, inside its image when one is found (--image, else
-    HANDOFF_IMAGE, else its `image` setting), else on this machine. Unknown arguments go to
-    pytest; pytest's exit status is the result."""
+    HANDOFF_IMAGE, else its `image` setting) and it takes one, else on this machine. Unknown
+    arguments go to pytest; pytest's exit status is the result."""
     args = ["--handoff-selection", selection_name, *rest]
-    found = container.find_image(backend, image, os.environ, container.find_repo(Path.cwd()))
+    here = load().backends.get(backend)
+    takes_image = here is None or "image" in here.uses_settings  # the mocker runs on the host
+    repo = container.find_repo(Path.cwd())
+    found = container.find_image(backend, image, os.environ, repo) if takes_image else None
     if found is not None:
         return container.main(["--backend", backend, "--image", found[0], "--", *args])
     argv = [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification"]
