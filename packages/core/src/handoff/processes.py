@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from handoff import ownership
 from handoff.errors import HandoffError
 from handoff.polling import Deadline, Timeout, poll_until
 
@@ -45,6 +46,7 @@ class ManagedProcess:
                     f"cannot start {self.name}: {self.argv[0]} not found; install it"
                 ) from exc
         self._known[self.popen.pid] = psutil.Process(self.popen.pid)
+        ownership.record(self.popen.pid, self.name)
 
     @property
     def pid(self) -> int:
@@ -94,7 +96,10 @@ class ManagedProcess:
                 deadline,
                 f"{self.name} (pid {self.pid}) and its children to exit",
             )
-        return self.tree()
+        alive = self.tree()
+        if not alive:
+            ownership.forget(self.pid)
+        return alive
 
     def kill(self) -> None:
         """SIGKILL the tree and its process group; `wait_gone` then waits for them."""

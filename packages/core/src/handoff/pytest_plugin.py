@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
+from handoff import ownership
 from handoff.backend import Backend
 from handoff.cases import SELECTIONS, backend_cases
 from handoff.errors import HandoffError
@@ -50,6 +52,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _interrupt_on_sigterm()
+    if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
+        _reap("before this run")
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
     name = config.getoption("handoff_backend")
@@ -60,6 +65,27 @@ def pytest_configure(config: pytest.Config) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}"
         os.environ[RUN_DIR_ENV] = str(run_dir.resolve())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # xdist workers interrupted mid-case leave orphans
+        _reap("after this run")
+
+
+def _reap(when: str) -> None:
+    for line in ownership.reap_orphans():
+        print(f"handoff: killed {line}, left running by a run that no longer exists ({when})")
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every case's teardown runs; a handler someone else
+    installed is left alone."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,0 +1,81 @@
+"""What this machine's handoff runs started, so that a run killed before its teardown (SIGKILL,
+a crashed pytest worker) leaves nothing running for long: the next run reaps it.
+
+Every process handoff starts is recorded in a file named by its pid, with its start time and
+the pid and start time of the process that owns it (the pytest process that started it). A
+record is dropped once the process is gone. A record whose owner no longer exists is an orphan:
+`reap_orphans` kills the recorded process group, and only if the recorded process is still the
+same one (same start time), never by name. Records of a live owner (another run going on at
+the same time) are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import psutil
+
+STATE_ENV = "HANDOFF_STATE_DIR"
+
+
+def records_dir() -> Path:
+    folder = Path(os.environ.get(STATE_ENV) or Path(tempfile.gettempdir(), "handoff-processes"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def record(pid: int, name: str) -> None:
+    """Remember that this process (the owner) started `pid`, called `name`."""
+    me = os.getpid()
+    entry = {
+        "pid": pid,
+        "started": _started(pid),
+        "name": name,
+        "owner": me,
+        "owner_started": _started(me),
+    }
+    path = records_dir() / f"{pid}.json"
+    path.write_text(json.dumps(entry))
+
+
+def forget(pid: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (records_dir() / f"{pid}.json").unlink()
+
+
+def _same(pid: int, started: float | None) -> bool:
+    """Is `pid` still the process that was recorded (not a new one reusing the pid)?"""
+    now = _started(pid)
+    return now is not None and started is not None and abs(now - started) < 0.01
+
+
+def reap_orphans() -> list[str]:
+    """Kill what runs that no longer exist left running; one description per process."""
+    reaped = []
+    for path in sorted(records_dir().glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written by a live run right now, or not ours to judge
+        if _same(entry["owner"], entry["owner_started"]):
+            continue
+        if _same(entry["pid"], entry["started"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry["pid"], signal.SIGKILL)  # its own session and group
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(entry["pid"]).kill()
+            reaped.append(f"{entry['name']} (pid {entry['pid']}, owner pid {entry['owner']})")
+        path.unlink(missing_ok=True)
+    return reaped
