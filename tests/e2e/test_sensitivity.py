@@ -2,15 +2,19 @@
 makes the matching case fail with a reason that names what went wrong, and leaves nothing
 running behind it."""
 
+import contextlib
 import os
 import re
 import signal
+import threading
 from dataclasses import replace
 
+import psutil
 import pytest
 
 from handoff.cases import Case
-from handoff.policies import POLICIES
+from handoff.policies import POLICIES, Policy
+from handoff.polling import Deadline, poll_until
 from handoff.ports import bindable
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend
@@ -20,8 +24,8 @@ STREAM_ENABLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp"
 
 
 def assert_ports_free(result):
-    ready = next(e for e in result.history.events if e.name == "ready")
-    assert ready.data["ports"] and all(bindable(p) for p in ready.data["ports"])
+    teardown = next(e for e in result.history.events if e.name == "teardown_done")
+    assert teardown.data["ports"] and all(bindable(p) for p in teardown.data["ports"])
 
 
 def failed_reasons(folder, **misconfiguration) -> str:
@@ -182,4 +186,136 @@ def test_the_transfer_counter_proof_passes_only_when_the_counter_rises(tmp_path,
         assert f"no KV transfer counted before the fault: timed out waiting for {counter}" in (
             " ".join(result.verdict.reasons)
         )
+    assert_ports_free(result)
+
+
+class SecondFaultMocker(MockerBackend):
+    """A second SIGKILL the case did not plan: once the request has migrated off the worker
+    the case faults, the worker it migrated to is killed too."""
+
+    def __init__(self, migration_counts="exact"):
+        super().__init__()
+        self.migration_counts = migration_counts
+        self.targets = []
+        self.second = None
+
+    def holders(self, workers):
+        if len(workers) > 1:
+            self.targets = list(workers)  # the search for the holder sees them all
+        elif self.second is None:  # the still-held check, just before the planned fault
+            others = [w for w in self.targets if w is not workers[0]]
+            self.second = threading.Thread(target=self.kill_next_holder, args=(others,))
+            self.second.start()
+        return super().holders(workers)
+
+    def kill_next_holder(self, others):
+        def moved():
+            held = super(SecondFaultMocker, self).holders(others)
+            return (held[0] if held else None), "no other worker holds it"
+
+        poll_until(moved, Deadline(15), "the request to migrate").process.kill()
+
+
+LIMIT_ONE = Policy("migration_enabled", 1, None)
+THREE = ("aggregate", "aggregate", "aggregate")
+
+
+def run_twice_faulted(tmp_path, backend, frontend_policy=None):
+    result = run_case(backend, STREAM_ENABLED, tmp_path, SETTINGS, 60, frontend_policy, roles=THREE)
+    backend.second.join()
+    assert_ports_free(result)
+    return result
+
+
+def test_a_migration_limit_of_one_hit_twice_fails_the_case(tmp_path):
+    result = run_twice_faulted(tmp_path, SecondFaultMocker(), LIMIT_ONE)
+    assert not result.verdict.passed
+    reasons = " | ".join(result.verdict.reasons)
+    assert "the stream carried an error frame" in reasons
+    assert "migration counter ongoing_request = 2, expected 1" in reasons
+    assert "migration counter failed = 1, expected 0" in reasons
+
+
+def test_a_duplicate_migration_fails_an_exact_count_and_passes_a_lower_bound(tmp_path):
+    exact = run_twice_faulted(tmp_path / "exact", SecondFaultMocker())
+    assert exact.verdict.reasons == [
+        "migration counter ongoing_request = 2, expected 1",
+        "migration counter succeeded = 2, expected 1",
+    ]
+    lower = run_twice_faulted(tmp_path / "lower", SecondFaultMocker("lower_bound"))
+    assert lower.verdict.passed, lower.verdict.reasons
+
+
+class DecodeAsPrefill(MockerBackend):
+    """Decode workers launched in prefill mode: they register as the wrong component."""
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        argv = [{"decode": "prefill"}.get(a, a) for a in launch.argv]
+        return type(launch)(argv, launch.env)
+
+
+class NeverRegisters(MockerBackend):
+    """Workers that look for etcd, which is not there: they run but never register."""
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        argv = list(launch.argv)
+        argv[argv.index("--discovery-backend") + 1] = "etcd"
+        return type(launch)(argv, launch.env)
+
+
+@pytest.mark.parametrize(
+    ("backend", "case", "expected", "last_seen"),
+    [
+        (
+            DecodeAsPrefill(),
+            Case.from_id("migration_enabled-worker_failure-chat-stream-tcp", "decode"),
+            "{('prefill', 'generate'): 1, ('backend', 'generate'): 2}",
+            "/health instances {('prefill', 'generate'): 3}",
+        ),
+        (
+            NeverRegisters(),
+            STREAM_ENABLED,
+            "{('backend', 'generate'): 2}",
+            "/health instances {}",
+        ),
+    ],
+)
+def test_a_deployment_with_the_wrong_instances_never_becomes_ready(
+    tmp_path, backend, case, expected, last_seen
+):
+    settings = replace(SETTINGS, startup_timeout_s=8)
+    result = run_case(backend, case, tmp_path, settings, timeout_s=30)
+    assert not result.verdict.passed and result.verdict.phase == "launch"
+    (reason,) = result.verdict.reasons
+    assert reason.startswith(f"timed out waiting for the frontend to list instances {expected}")
+    assert last_seen in reason
+    assert_ports_free(result)
+
+
+class NatsGoesAway(MockerBackend):
+    """nats-server, started by this deployment, is killed once the request is in flight."""
+
+    def holders(self, workers):
+        held = super().holders(workers)
+        if held:
+            port = workers[0].process.env["NATS_SERVER"].rsplit(":", 1)[1]
+            for child in psutil.Process().children():
+                with contextlib.suppress(psutil.NoSuchProcess):  # reaped zombies of other cases
+                    if port in child.cmdline():
+                        child.kill()  # our own child, picked by the port this case leased
+        return held
+
+
+def test_nats_server_gone_mid_case_fails_the_case(tmp_path):
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats")
+    result = run_case(NatsGoesAway(), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    reasons = " | ".join(result.verdict.reasons)
+    # The migration cannot reach the other worker over a request plane that is gone.
+    assert "the stream carried an error frame: {'message': 'Service temporarily unavailable'" in (
+        reasons
+    )
+    assert "migration counter failed = 1, expected 0" in reasons
     assert_ports_free(result)

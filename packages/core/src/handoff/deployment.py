@@ -11,7 +11,7 @@ import requests
 from handoff import services
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, HandoffError
 from handoff.policies import Policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.ports import PortLeases, bindable
@@ -69,6 +69,11 @@ class Deployment:
         for state in ("discovery", "nats"):  # stale registrations would count as instances
             shutil.rmtree(self.folder / state, ignore_errors=True)
         self.model = self.backend.prepare_model(self.folder / "model")
+        if self.model.path is not None and not self.model.path.is_dir():
+            raise HandoffError(
+                f"the model folder {self.model.path} of {self.backend.name} does not exist: "
+                "fix the backend's model_path setting (handoff config shows where it came from)"
+            )
         self.http_port = self.leases.take()
         nats_port = self.leases.take() if self.case.plane == "nats" else None
         env = services.runtime_env(self.folder / "discovery", nats_port)

@@ -19,6 +19,25 @@ from handoff.errors import HandoffError
 #: ports from 32768 up: stay between the well-known ports and the ephemeral range.
 PORT_RANGE = range(20000, 32768)
 LEASE_DIR_ENV = "HANDOFF_PORT_LEASES"
+#: `FIRST-LAST` (inclusive): the ports handoff may lease, inside PORT_RANGE.
+RANGE_ENV = "HANDOFF_PORT_RANGE"
+
+
+def port_range() -> range:
+    """PORT_RANGE, or the part of it that HANDOFF_PORT_RANGE names."""
+    text = os.environ.get(RANGE_ENV)
+    if not text:
+        return PORT_RANGE
+    try:
+        first, last = (int(part) for part in text.split("-"))
+    except ValueError:
+        first = last = -1
+    if not (PORT_RANGE.start <= first <= last < PORT_RANGE.stop):
+        raise HandoffError(
+            f"{RANGE_ENV}={text!r} is not FIRST-LAST within "
+            f"{PORT_RANGE.start}-{PORT_RANGE.stop - 1}: e.g. {RANGE_ENV}=24000-24999"
+        )
+    return range(first, last + 1)
 
 
 def lease_dir() -> Path:
@@ -41,8 +60,8 @@ def bindable(port: int) -> bool:
 class PortLeases:
     """Ports held by one deployment until `release()`."""
 
-    def __init__(self, port_range: range = PORT_RANGE) -> None:
-        self.port_range = port_range
+    def __init__(self, ports: range | None = None) -> None:
+        self.port_range = ports or port_range()
         self._held: dict[int, int] = {}  # port -> lock file descriptor
 
     @property
@@ -69,7 +88,7 @@ class PortLeases:
             os.close(fd)
         raise HandoffError(
             f"no free loopback port in {self.port_range.start}-{self.port_range.stop - 1}: "
-            f"stop what holds them or free some ports, then run again"
+            f"stop what holds them, or widen {RANGE_ENV}, then run again"
         )
 
     def release(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from handoff import ownership
 from handoff.backend import Backend
-from handoff.cases import SELECTIONS, backend_cases
+from handoff.cases import SELECTIONS, Case, backend_cases
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend
 from handoff.runner import Settings
@@ -34,6 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--handoff-topology",
         action="append",
         help="topology whose cases to run (repeatable); default: every one the backend runs",
+    )
+    group.addoption(
+        "--handoff-case",
+        action="append",
+        help="run only this case: <topology>/<case id>, or a case id in any topology "
+        "(repeatable; `handoff cases` lists them)",
     )
     group.addoption(
         "--handoff-logs",
@@ -121,7 +127,8 @@ def case_params(config: pytest.Config) -> list:
     backend.check_environment()
     chosen = config.getoption("handoff_selection")
     params = []
-    for case in backend_cases(backend, config.getoption("handoff_topology"), chosen):
+    cases = backend_cases(backend, config.getoption("handoff_topology"), chosen)
+    for case in only(cases, config.getoption("handoff_case"), backend.name, chosen):
         marks = [getattr(pytest.mark, chosen), getattr(pytest.mark, backend.name)]
         for marker, value in backend.markers(case).items():
             if marker not in MARKERS and marker != "timeout":
@@ -129,6 +136,22 @@ def case_params(config: pytest.Config) -> list:
             marks.append(getattr(pytest.mark, marker)(value))
         params.append(pytest.param(case, id=case.key, marks=marks))
     return params
+
+
+def only(cases: list[Case], wanted: list[str] | None, backend: str, chosen: str) -> list[Case]:
+    """The cases named by --handoff-case (all when none is named). A name that matches no
+    case, or a selection left empty, is an error that says where to look."""
+    if not cases:
+        raise HandoffError(f"the {chosen} selection of {backend} is empty: no case to run")
+    if not wanted:
+        return cases
+    for name in wanted:
+        if not any(name in (c.key, c.id) for c in cases):
+            raise HandoffError(
+                f"unknown case {name!r} in the {chosen} selection of {backend}: "
+                f"`handoff cases --backend {backend} --selection {chosen}` lists them"
+            )
+    return [c for c in cases if c.key in wanted or c.id in wanted]
 
 
 @pytest.fixture(scope="session")

@@ -83,8 +83,9 @@ def run_case(
         # each fails this case with its reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     finally:
-        problems = deployment.stop()
-        history.record("teardown_done", problems=problems)
+        leased = deployment.leases.ports
+        problems = deployment.stop()  # checks that every leased port is free again
+        history.record("teardown_done", problems=problems, ports=leased)
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)

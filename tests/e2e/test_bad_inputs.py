@@ -1,0 +1,122 @@
+"""Bad inputs: one clear line naming the input and the fix, a non-zero exit, nothing left
+running. (Unknown backend and topology: test_cli.py; a plugin that raises on import:
+tests/unit/test_plugins.py; malformed settings: tests/unit/test_settings.py.)"""
+
+import fcntl
+import os
+import subprocess
+import sys
+
+import pytest
+
+from handoff.backend import Model
+from handoff.cases import Case
+from handoff.errors import HandoffError
+from handoff.pytest_plugin import only
+from handoff.runner import Settings, run_case
+from handoff_mocker import MockerBackend
+
+NATS_CASE = "migration_enabled-worker_failure-chat-stream-nats"
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Its own process records and port leases, so leftovers can be counted."""
+    return {
+        **os.environ,
+        "HANDOFF_STATE_DIR": str(tmp_path / "records"),
+        "HANDOFF_PORT_LEASES": str(tmp_path / "leases"),
+    }
+
+
+def qualify(tmp_path, env, *args):
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
+         "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
+         str(tmp_path / "runs"), *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    records = tmp_path / "records"
+    assert not records.exists() or list(records.glob("*.json")) == [], "processes left running"
+    return result
+
+
+def the_line(result, start):
+    lines = [line for line in result.stdout.splitlines() if line.startswith(start)]
+    assert len(lines) == 1, result.stdout[-3000:]
+    return lines[0]
+
+
+def test_an_unknown_case_id(tmp_path, env):
+    result = qualify(tmp_path, env, "--handoff-case", "aggregate/migration_enabled-teleport")
+    assert result.returncode == 2
+    line = the_line(result, "unknown case 'aggregate/migration_enabled-teleport'")
+    assert "`handoff cases --backend mocker --selection pre_merge` lists them" in line
+
+
+def test_a_known_case_id_runs_only_that_case(tmp_path, env):
+    result = qualify(tmp_path, env, "--handoff-case", f"aggregate/{NATS_CASE}", "--collect-only")
+    assert result.returncode == 0 and "1 test collected" in result.stdout
+
+
+def test_a_selection_the_backend_cannot_fill(tmp_path, env):
+    env = {**env, "HANDOFF_PLUGINS": "example"}
+    # The example backend runs aggregate only: it has no decode case to run.
+    result = qualify(tmp_path, env, "--handoff-backend", "example", "--handoff-topology", "decode")
+    assert result.returncode == 2
+    the_line(result, "backend 'example' does not run decode cases:")
+
+
+def test_an_empty_selection():
+    with pytest.raises(HandoffError, match="the pre_merge selection of nothing is empty"):
+        only([], None, "nothing", "pre_merge")
+
+
+def test_a_missing_nats_server(tmp_path, env):
+    env = {**env, "HANDOFF_NATS_SERVER": str(tmp_path / "bin" / "nats-server")}
+    result = qualify(tmp_path, env, "--handoff-case", f"aggregate/{NATS_CASE}")
+    assert result.returncode == 1
+    the_line(result, "FAIL  aggregate/" + NATS_CASE)
+    assert "nats-server not found at" in result.stdout and "(HANDOFF_NATS_SERVER)" in result.stdout
+
+
+def test_an_exhausted_port_range(tmp_path, env):
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    held = []
+    for port in (24990, 24991):  # another run holds the whole range
+        fd = os.open(leases / f"{port}.lock", os.O_CREAT | os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+    try:
+        env = {**env, "HANDOFF_PORT_RANGE": "24990-24991"}
+        result = qualify(tmp_path, env, "--handoff-case", f"aggregate/{NATS_CASE}")
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert result.returncode == 1
+    assert "no free loopback port in 24990-24991: stop what holds them, or widen " in (
+        result.stdout
+    )
+
+
+def test_a_malformed_port_range(tmp_path, env):
+    result = qualify(tmp_path, {**env, "HANDOFF_PORT_RANGE": "80-90"}, "--handoff-case", NATS_CASE)
+    assert result.returncode == 1
+    assert "HANDOFF_PORT_RANGE='80-90' is not FIRST-LAST within 20000-32767" in result.stdout
+
+
+class MissingModel(MockerBackend):
+    """A model setting that points at a folder that is not there."""
+
+    def prepare_model(self, folder):
+        return Model("handoff-mocker", folder / "not-there")
+
+
+def test_a_missing_model_folder(tmp_path):
+    case = Case.from_id(NATS_CASE)
+    result = run_case(MissingModel(), case, tmp_path, Settings(), timeout_s=30)
+    assert not result.verdict.passed and result.verdict.phase == "launch"
+    (reason,) = result.verdict.reasons
+    assert reason.startswith(f"the model folder {tmp_path / 'model' / 'not-there'} of mocker ")
+    assert "does not exist: fix the backend's model_path setting" in reason
