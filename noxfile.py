@@ -7,6 +7,9 @@ whose engine they see through the system site-packages, and fail at once if it h
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import nox
 
 nox.options.sessions = ["lint", "tests"]
@@ -31,7 +34,22 @@ def tests(session: nox.Session) -> None:
     install_mocker_stack(session)
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES)
+    install_chromium(session)
     session.run("pytest", "tests", *session.posargs)
+
+
+def install_chromium(session: nox.Session) -> None:
+    """The report test renders its HTML in Debian's chromium: install it where it is missing."""
+    if shutil.which("chromium"):
+        return
+    if os.geteuid() != 0:
+        session.error("the report test needs Debian's chromium: sudo apt-get install chromium")
+    apt = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=apt)
+    session.run(
+        "apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium",
+        external=True, env=apt,
+    )  # fmt: skip
 
 
 @nox.session

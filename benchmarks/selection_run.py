@@ -72,7 +72,7 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
             if p.get("name", "").endswith("_s")
         }
         cases[key] = CaseRun(not failed, phases)
-    kept = [line.strip() for line in output.splitlines() if "logs kept:" in line]
+    kept = [line.strip() for line in output.splitlines() if line.startswith("logs kept for ")]
     return SelectionRun(process.returncode, wall, cpu, peak / 2**20, cases, kept)
 
 

@@ -319,3 +319,23 @@ def test_nats_server_gone_mid_case_fails_the_case(tmp_path):
     )
     assert "migration counter failed = 1, expected 0" in reasons
     assert_ports_free(result)
+
+
+class DeclaredDeterministic(MockerBackend):
+    """Claims the same output for the same request, which the mocker's random tokens are not:
+    the migrated text is compared with a real undisturbed baseline, and departs from it."""
+
+    deterministic = True
+
+
+@pytest.mark.parametrize("response", ["stream", "unary"])
+def test_a_migrated_text_that_departs_from_the_baseline_fails(tmp_path, response):
+    case = Case.from_id(f"migration_enabled-worker_failure-completion-{response}-tcp")
+    result = run_case(DeclaredDeterministic(), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    (reason,) = result.verdict.reasons
+    assert reason.startswith("the migrated text departs from the undisturbed baseline at ")
+    names = [e.name for e in result.history.timeline()]
+    assert names.index("baseline_finished") < names.index("request_sent")
+    assert "in_flight_proven" in names  # the baseline's tokens did not count as the case's
+    assert_ports_free(result)

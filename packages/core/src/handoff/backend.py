@@ -84,6 +84,11 @@ class Backend(ABC):
     worker_ports: tuple[str, ...] = ("system",)
     #: The `worker_ports` names a role's worker uses, where it uses fewer than all of them.
     role_ports: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: Same request, same output (temperature 0, fixed seed): the migrated text is compared
+    #: with an undisturbed baseline of the same request.
+    deterministic: ClassVar[bool] = False
+    #: Why not, for the verdict's note, when `deterministic` is False.
+    nondeterministic_because: ClassVar[str] = "its output is not deterministic"
     #: A counter of completed KV transfers that decode workers export on their system port:
     #: a kv_transfer case proves its transfer by it when the backend knows no transfer time.
     kv_transfer_counter: ClassVar[str | None] = None
@@ -152,6 +157,11 @@ class Backend(ABC):
         """The workers that report a request in flight right now, from their own state: by
         default the in-flight gauge on each worker's `system` port."""
         return [w for w in workers if _inflight(w.ports["system"]) > 0]
+
+    def output_tokens(self, text: str) -> int | None:
+        """How many tokens `text` of the model's output is, where the backend can tell without
+        a tokenizer; None where it cannot (continuity then checks usage only)."""
+        return None
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         """The least time the KV transfer of `case`'s prompt takes, or None if unknown: a first

@@ -10,8 +10,6 @@ from typing import Any
 
 import requests
 
-from handoff.polling import Deadline, Timeout
-
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CONNECT_TIMEOUT_S = 5.0
 
@@ -183,9 +181,3 @@ class InFlight:
     @property
     def finished(self) -> bool:
         return not self._thread.is_alive()
-
-    def wait_finished(self, deadline: Deadline) -> None:
-        self._thread.join(deadline.remaining())
-        if self._thread.is_alive():
-            seen = self.response.summary()
-            raise Timeout(f"timed out waiting for the response to finish; last seen: {seen}")

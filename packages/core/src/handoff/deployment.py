@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -51,6 +52,8 @@ class Deployment:
         self.workers: list[Worker] = []
         self.model: Model | None = None
         self.http_port: int | None = None
+        #: (monotonic time, what the frontend listed) each time that changed while starting.
+        self.listings: list[tuple[float, dict[str, int]]] = []
 
     @property
     def base_url(self) -> str:
@@ -117,6 +120,10 @@ class Deployment:
                 if (i.get("component"), i.get("endpoint")) in expected
             )
             names = [m.get("id") for m in models.get("data", [])]
+            shown = {"/".join(key): n for key, n in sorted(listed.items())}
+            shown["models"] = len(names)
+            if not self.listings or self.listings[-1][1] != shown:
+                self.listings.append((time.monotonic(), shown))
             if listed == expected and self.model.name in names:
                 return True, ""
             return None, f"/health instances {dict(listed)}, /v1/models {names}"

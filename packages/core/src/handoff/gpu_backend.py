@@ -101,6 +101,8 @@ class DynamoGpuBackend(Backend):
     #: The Dynamo worker module, run as `python -m <dynamo_module>`.
     dynamo_module: ClassVar[str]
     topologies: ClassVar[Mapping[str, tuple[str, ...]]] = TOPOLOGIES
+    #: Requests go out at temperature 0 with seed 0: the same output every time.
+    deterministic = True
     #: Per topology: the case timeout (when the team sets no `case_timeout_s`) and the peak GPU
     #: memory of the whole deployment.
     timeouts: ClassVar[Mapping[str, float]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +25,59 @@ class History:
         self.events: list[Event] = []
 
     def record(self, name: str, **data: Any) -> None:
-        self.events.append(Event(name, round(time.monotonic() - self.started, 4), data))
+        self.record_at(name, time.monotonic(), **data)
+
+    def record_at(self, name: str, when: float, **data: Any) -> None:
+        """An event observed elsewhere (a chunk, the response headers) at monotonic `when`."""
+        self.events.append(Event(name, round(when - self.started, 4), data))
+
+    def timeline(self) -> list[Event]:
+        """Every event in time order (a stable sort: simultaneous ones keep their order)."""
+        return sorted(self.events, key=lambda e: e.at)
 
     @property
     def phase(self) -> str:
         return self.events[-1].name if self.events else "not started"
 
     def phases(self) -> dict[str, float]:
-        """Seconds spent in the phases a reader compares, for those the case reached."""
+        """What a reader compares across cases, for the phases the case reached: start-up,
+        time to first token, time from the fault to the next token (ms), and the total."""
         at: dict[str, float] = {}
-        for e in self.events:
+        for e in self.timeline():
             at.setdefault(e.name, e.at)
         spans = {
             "ready_s": ("launch", "ready"),
+            "ttft_s": ("request_sent", "chunk"),
             "request_s": ("request_sent", "response_finished"),
             "fault_to_end_s": ("fault_sent", "response_finished"),
             "total_s": ("launch", "teardown_done"),
         }
-        return {
+        phases = {
             name: round(at[end] - at[start], 3)
             for name, (start, end) in spans.items()
             if start in at and end in at
         }
+        if (gap := self.fault_to_next_token_s()) is not None:
+            phases["fault_to_next_token_ms"] = round(gap * 1000, 1)
+        return phases
+
+    def fault_to_next_token_s(self) -> float | None:
+        """From the first signal to the first token after the migration's stall: the longest
+        pause in the stream after the fault. Tokens already on their way when the signal went
+        out arrive before that pause, so the first chunk after the fault is not the one."""
+        fault = next((e.at for e in self.events if e.name == "fault_sent"), None)
+        chunks = [e.at for e in self.timeline() if e.name == "chunk"]
+        if len(chunks) < 2:  # a unary response arrives whole: there is no next token
+            return None
+        before = [t for t in chunks if t < fault] if fault is not None else []
+        after = [t for t in chunks if fault is not None and t >= fault]
+        if not after:
+            return None
+        times = before[-1:] + after
+        resumed = max(pairwise(times), key=lambda p: p[1] - p[0], default=None)
+        return (resumed[1] if resumed else after[0]) - fault
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        events = [{"event": e.name, "at": e.at, **e.data} for e in self.events]
+        events = [{"event": e.name, "at": e.at, **e.data} for e in self.timeline()]
         path.write_text(json.dumps(events, indent=2, default=str) + "\n")

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class ManagedProcess:
         self.env = dict(env)
         self.log_path = log_path
         self.popen: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None  # monotonic
         self._known: dict[int, psutil.Process] = {}
 
     def start(self) -> None:
@@ -45,6 +47,7 @@ class ManagedProcess:
                 raise HandoffError(
                     f"cannot start {self.name}: {self.argv[0]} not found; install it"
                 ) from exc
+        self.started_at = time.monotonic()
         self._known[self.popen.pid] = psutil.Process(self.popen.pid)
         ownership.record(self.popen.pid, self.name)
 

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from handoff import ownership
 from handoff.backend import Backend
 from handoff.cases import SELECTIONS, Case, backend_cases
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend
+from handoff.progress import LiveProgress
+from handoff.report import case_table
+from handoff.results import FILE as RESULTS_FILE
+from handoff.results import PROPERTY, CaseRecord, RunResults, describe
 from handoff.runner import Settings
 
 RUN_DIR_ENV = "HANDOFF_RUN_DIR"
@@ -57,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml reads its path
 def pytest_configure(config: pytest.Config) -> None:
     _interrupt_on_sigterm()
     if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
@@ -71,6 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}"
         os.environ[RUN_DIR_ENV] = str(run_dir.resolve())
+    # The qualification suite always leaves JUnit XML for CI beside its results.json.
+    if "handoff.qualification" in config.args and not config.option.xmlpath:
+        config.option.xmlpath = str(Path(os.environ[RUN_DIR_ENV]) / "junit.xml")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -173,34 +184,73 @@ def handoff_run_dir() -> Path:
     return Path(os.environ[RUN_DIR_ENV])
 
 
-class CaseLines:
-    """Collects one line per case (from xdist workers too) and prints them at the end."""
+class RunReport:
+    """Gathers every case's record (from xdist workers too); shows live progress on a
+    terminal, and at the end the case table and results.json in the run folder."""
 
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, float, dict[str, str]]] = []
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[CaseRecord] = []
+        self.started = time.monotonic()
+        self.progress = LiveProgress() if sys.stderr.isatty() else None
+
+    @pytest.hookimpl
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.progress:
+            self.progress.start(len(session.items))
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.progress:
+            self.progress.started(nodeid)
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
-        if "verdict" in props and report.when == "call":
-            case_id = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
-            self.rows.append((case_id, report.outcome, report.duration, props))
+        if report.when == "call" and PROPERTY in props:
+            self.records.append(CaseRecord.from_json(props[PROPERTY]))
+        if self.progress and (report.when == "call" or report.outcome == "failed"):
+            self.progress.finished(report.nodeid, report.outcome == "passed")
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self) -> None:
+        if self.progress:
+            self.progress.stop()
+        if self.records:
+            RunResults(
+                backend=self.config.getoption("handoff_backend"),
+                selection=self.config.getoption("handoff_selection"),
+                run_dir=os.environ[RUN_DIR_ENV],
+                wall_s=round(time.monotonic() - self.started, 3),
+                cases=self.records,
+            ).write()
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.rows:
+        if not self.records:
             return
         tr = terminalreporter
         tr.section("handoff cases")
-        for case_id, outcome, seconds, props in sorted(self.rows):
-            verdict = "PASS" if outcome == "passed" else "FAIL"
-            tr.write_line(f"{verdict}  {case_id:<72} {seconds:6.1f} s")
-            if "logs" in props:
-                tr.write_line(f"      logs kept: {props['logs']}")
-        failed = sum(1 for r in self.rows if r[1] != "passed")
-        tr.write_line(f"{len(self.rows)} cases: {len(self.rows) - failed} passed, {failed} failed")
+        width = max(tr._tw.fullwidth, 160)  # case keys are long; CI logs do not wrap
+        console = Console(file=io.StringIO(), width=width, force_terminal=tr.hasmarkup)
+        console.print(case_table(self.records, title=""))
+        for line in console.file.getvalue().splitlines():
+            tr.write_line(line)
+        for case in self.records:
+            if not case.passed:
+                tr.write_line(f"{case.key} failed in {case.phase}; the last events before it:")
+                for event in case.last_events:
+                    tr.write_line("    " + describe(event))
+                tr.write_line(f"logs kept for {case.key}: {case.folder}")
+        failed = sum(1 for c in self.records if not c.passed)
+        tr.write_line(
+            f"{len(self.records)} cases: {len(self.records) - failed} passed, {failed} failed"
+        )
+        run_dir = os.environ[RUN_DIR_ENV]
+        tr.write_line(f"results: {run_dir}/{RESULTS_FILE}; report: handoff report {run_dir}")
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.pluginmanager.register(CaseLines(), "handoff-case-lines")
+    if not hasattr(session.config, "workerinput"):  # the controller sees every case
+        session.config.pluginmanager.register(RunReport(session.config), "handoff-run-report")

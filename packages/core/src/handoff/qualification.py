@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from handoff import results
 from handoff.runner import run_case
 
 
@@ -14,6 +15,7 @@ def test_migration(handoff_case, handoff_backend, handoff_settings, handoff_run_
     result = run_case(handoff_backend, handoff_case, folder, handoff_settings, timeout_s)
     request.node.user_properties.append(("verdict", result.verdict.summary()))
     request.node.user_properties.extend(result.history.phases().items())
+    request.node.user_properties.append((results.PROPERTY, results.CaseRecord.of(result).to_json()))
     if not result.verdict.passed:
         request.node.user_properties.append(("logs", str(folder)))
         pytest.fail(f"{result.verdict.summary()}\nlogs kept: {folder}", pytrace=False)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import requests
 
-from handoff import faults, metrics
+from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend
 from handoff.cases import Case, topology
-from handoff.client import InFlight, Request
+from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
@@ -83,6 +83,7 @@ def run_case(
         # each fails this case with its reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     finally:
+        record_start_up(deployment, history)
         leased = deployment.leases.ports
         problems = deployment.stop()  # checks that every leased port is free again
         history.record("teardown_done", problems=problems, ports=leased)
@@ -91,8 +92,19 @@ def run_case(
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
-        shutil.rmtree(folder, ignore_errors=True)
+        drop_logs(folder)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def drop_logs(folder: Path) -> None:
+    """A passed case keeps only its history (the report draws it); logs and state go."""
+    for path in folder.iterdir():
+        if path.name == "history.json":
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def exercise(
@@ -105,6 +117,12 @@ def exercise(
     shape = backend.shape(case)
     stream = case.response == "stream"
     request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
+    baseline = (
+        undisturbed(deployment, request, deadline, history) if backend.deterministic else None
+    )
+    # Counters read now, so that only the case's own request counts (not a baseline's).
+    tokens_before = metrics.frontend_output_tokens(metrics_url, model)
+    transfers_before = decode_transfers(deployment)
     inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
     history.record(
         "request_sent",
@@ -119,7 +137,7 @@ def exercise(
     if stream:
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
-        tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model)  # noqa: E731
+        tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model) - tokens_before  # noqa: E731
         what = "tokens received by the frontend"
     proof = faults.prove_in_flight(
         backend,
@@ -133,35 +151,119 @@ def exercise(
     )
     history.record("in_flight_proven", how=proof)
     evidence = (
-        transfer_evidence(deployment, case, metrics_url, history)
+        transfer_evidence(deployment, case, metrics_url, transfers_before, history)
         if where.proves_kv_transfer
         else []
     )
-    history.record("fault_sent", fault=case.fault, worker=holder.name)
+    first_signal = "SIGKILL" if case.fault == "worker_failure" else "SIGTERM"
+    history.record(
+        "fault_sent",
+        fault=case.fault,
+        signal=first_signal,
+        worker=holder.name,
+        pid=holder.process.pid,
+    )
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
     history.record("worker_gone", signals=list(fault.signals))
-    inflight.wait_finished(deadline)
-    history.record("response_finished", response=inflight.response.summary())
+    await_response(inflight, metrics_url, model, deadline, history)
+    record_response(inflight, history)
     expected = expected_outcome(where.fault_window, case.policy)
     counts = settled_counts(metrics_url, model, expected, backend.migration_counts, deadline)
     history.record("metrics_read", counts=counts.as_dict())
-    return judge(
+    response = inflight.response
+    notes = []
+    if expected.completes and response.status == 200 and response.error is None:
+        kept = continuity.check(
+            response,
+            shape.max_tokens,
+            backend.output_tokens,
+            baseline,
+            backend.nondeterministic_because,
+        )
+        history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
+        evidence, notes = evidence + kept.problems, kept.notes
+    verdict = judge(
         expected,
         case.policy,
-        inflight.response,
+        response,
         counts,
         fault,
         shape.max_tokens,
         backend.migration_counts,
         evidence,
     )
+    verdict.notes = notes
+    return verdict
+
+
+def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
+    """The text of the same request with no fault: what a deterministic engine must give
+    again after the migration."""
+    history.record("baseline_sent")
+    response = Response()
+    client.send(deployment.base_url, request, response, read_timeout_s=deadline.remaining())
+    history.record("baseline_finished", response=response.summary())
+    if response.status != 200 or response.error or response.exception:
+        raise CaseFailure(f"the undisturbed baseline request failed: {response.summary()}")
+    return response.text
+
+
+def decode_transfers(deployment: Deployment) -> float:
+    """The decode workers' count of completed KV transfers (0 without a counter)."""
+    counter = deployment.backend.kv_transfer_counter
+    if counter is None:
+        return 0.0
+    ports = [w.ports["system"] for w in deployment.workers if w.role == "decode"]
+    return sum(metrics.worker_sum(port, counter) for port in ports)
+
+
+def await_response(
+    inflight: InFlight, metrics_url: str, model: str, deadline: Deadline, history: History
+) -> None:
+    """Wait for the response to end, noting when the frontend first counts a migration."""
+    seen: list[metrics.MigrationCounts] = []
+
+    def probe() -> tuple[bool | None, str]:
+        if not seen:
+            counts = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+            if counts.ongoing_request + counts.new_request:
+                seen.append(counts)
+                history.record("migration_seen", **counts.as_dict())
+        return (True if inflight.finished else None), inflight.response.summary()
+
+    poll_until(probe, deadline, "the response to finish")
+
+
+def record_response(inflight: InFlight, history: History) -> None:
+    """What the client saw, at the times it saw it: headers, each chunk with its content, and
+    how the response ended."""
+    response = inflight.response
+    if response.headers_at is not None:
+        history.record_at("response_headers", response.headers_at, status=response.status)
+    for n, chunk in enumerate(response.chunks, 1):
+        finish = chunk.choice.get("finish_reason")
+        extra = {"finish_reason": finish} if finish else {}
+        history.record_at("chunk", chunk.at, n=n, text=chunk.text, **extra)
+    failed = response.error is not None or response.exception is not None
+    history.record("response_finished", failed=failed, response=response.summary())
+
+
+def record_start_up(deployment: Deployment, history: History) -> None:
+    """When each process was launched, and what the frontend listed as they came up."""
+    for process in deployment.processes:
+        if process.started_at is not None:
+            history.record_at(
+                "process_launched", process.started_at, process=process.name, pid=process.pid
+            )
+    for when, listed in deployment.listings:
+        history.record_at("frontend_listed", when, **listed)
 
 
 def transfer_evidence(
-    deployment: Deployment, case: Case, metrics_url: str, history: History
+    deployment: Deployment, case: Case, metrics_url: str, before: float, history: History
 ) -> list[str]:
     """kv_transfer cases, before the fault: the first token came after the known transfer
-    time, or the decode workers' transfer counter rose (each case's workers start at 0)."""
+    time, or the decode workers' transfer counter rose past its value at the request."""
     backend, model = deployment.backend, deployment.model
     floor = backend.kv_transfer_floor_s(case)
     if floor is not None:
@@ -172,17 +274,16 @@ def transfer_evidence(
     counter = backend.kv_transfer_counter
     if counter is None:
         return [f"backend {backend.name!r} gives no KV transfer time or counter: unproven"]
-    ports = [w.ports["system"] for w in deployment.workers if w.role == "decode"]
 
     def counted() -> tuple[float | None, str]:
-        total = sum(metrics.worker_sum(port, counter) for port in ports)
-        return (total or None), f"{counter} = {total:g} on the decode workers"
+        total = decode_transfers(deployment)
+        return (total if total > before else None), f"{counter} = {total:g} on the decode workers"
 
     try:
         total = poll_until(counted, Deadline(TRANSFER_COUNT_WAIT_S), f"{counter} to rise")
     except Timeout as exc:
         return [f"no KV transfer counted before the fault: {exc}"]
-    history.record("kv_transfer_checked", counter=counter, transfers=total)
+    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
     return []
 
 

@@ -18,6 +18,8 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     #: The last phase reached; on failure, where it failed.
     phase: str = ""
+    #: What was not checked, and why (e.g. content not compared for a random engine).
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         head = "PASS" if self.passed else f"FAIL in {self.phase}"

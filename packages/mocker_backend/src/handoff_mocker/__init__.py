@@ -82,6 +82,7 @@ class MockerBackend(Backend):
     migration_counts = "exact"
     defaults: ClassVar[dict[str, object]] = {**Backend.defaults, "case_timeout_s": 90.0}
     #: The mocker serves its own tokenizer-only model and needs no image or model cache.
+    nondeterministic_because = "the mocker draws each token at random"
     uses_settings = ("max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s")
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
@@ -124,6 +125,10 @@ class MockerBackend(Backend):
         if role == "prefill":
             argv += ["--kv-transfer-bandwidth", str(timing.transfer_gbps)]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
+
+    def output_tokens(self, text: str) -> int:
+        """Each token of the mocker's model is one word `tN` (handoff_mocker.model)."""
+        return len(text.split())
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = TIMINGS[(case.topology, case.fault)]

@@ -1,0 +1,113 @@
+"""The results of a run as data: one record per case, gathered from every pytest worker and
+written as results.json in the run folder, so a past run can be read and re-rendered."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handoff.errors import HandoffError
+from handoff.runner import CaseResult
+
+#: The pytest user property that carries a case's record from an xdist worker to the controller.
+PROPERTY = "handoff_result"
+FILE = "results.json"
+#: How many events before the end a failed case's record keeps, for the reader.
+LAST_EVENTS = 6
+
+
+@dataclass
+class CaseRecord:
+    key: str
+    passed: bool
+    #: Where it ended: "verdict" when it got that far, else the phase it failed in.
+    phase: str
+    seconds: float
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    #: The frontend's migration counters as read for the verdict (absent if never read).
+    counts: dict[str, int] = field(default_factory=dict)
+    folder: str = ""
+    #: The events just before the end, for a failed case: what happened last.
+    last_events: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, result: CaseResult) -> CaseRecord:
+        events = result.history.timeline()
+        counts = next((e.data["counts"] for e in events if e.name == "metrics_read"), {})
+        last = [
+            {"event": e.name, "at": e.at, **_short(e.data)}
+            for e in events
+            if e.name not in ("chunk", "teardown_done", "verdict")
+        ]
+        return cls(
+            key=result.case.key,
+            passed=result.verdict.passed,
+            phase=result.verdict.phase,
+            seconds=round(result.seconds, 3),
+            reasons=list(result.verdict.reasons),
+            notes=list(result.verdict.notes),
+            phases=result.history.phases(),
+            counts=counts,
+            folder=str(result.folder),
+            last_events=[] if result.verdict.passed else last[-LAST_EVENTS:],
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> CaseRecord:
+        return cls(**json.loads(text))
+
+    @property
+    def migrations(self) -> int:
+        return self.counts.get("ongoing_request", 0) + self.counts.get("new_request", 0)
+
+
+def describe(event: dict[str, Any]) -> str:
+    """`  1.234 s  fault_sent  worker=worker-0-aggregate signal=SIGKILL`: one event, one line."""
+    data = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "at"))
+    return f"{event['at']:7.3f} s  {event['event']}  {data}".rstrip()
+
+
+def _short(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data, with long values cut so a record stays readable."""
+    return {k: (v[:200] + "..." if isinstance(v, str) and len(v) > 200 else v)
+            for k, v in data.items()}  # fmt: skip
+
+
+@dataclass
+class RunResults:
+    backend: str
+    selection: str
+    run_dir: str
+    wall_s: float
+    cases: list[CaseRecord]
+
+    def write(self) -> Path:
+        path = Path(self.run_dir) / FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = asdict(self)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunResults:
+        path = run_dir / FILE
+        try:
+            data = json.loads(path.read_text())
+            data["cases"] = [CaseRecord(**c) for c in data["cases"]]
+            return cls(**data)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise HandoffError(
+                f"cannot read {path} ({type(exc).__name__}: {exc}): give the folder of a "
+                "handoff run (it holds results.json)"
+            ) from None
+
+    @property
+    def failed(self) -> list[CaseRecord]:
+        return [c for c in self.cases if not c.passed]
