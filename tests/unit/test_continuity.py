@@ -65,8 +65,10 @@ def test_two_tokens_in_one_frame_and_a_second_finish_are_caught():
 def test_a_changed_response_id_is_caught():
     response = recorded()
     response.chunks[-3].data["id"] = "cmpl-another"
-    assert check(response, RECORDED["max_tokens"], COUNT).problems[0].startswith(
-        "the response changed its id mid-stream"
+    assert (
+        check(response, RECORDED["max_tokens"], COUNT)
+        .problems[0]
+        .startswith("the response changed its id mid-stream")
     )
 
 

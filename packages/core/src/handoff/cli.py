@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from handoff import container
+from handoff import container, doctor, report
 from handoff.backend import Backend
 from handoff.cases import SELECTIONS, TOPOLOGIES, Case, promise, selection, topology, unmet
 from handoff.errors import HandoffError
@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     nightly.add_argument("--image", help="runtime container image for the GPU backends")
     nightly.add_argument("--logs", default=".handoff/runs", help="folder for the run's results")
+    past_run = commands.add_parser(
+        "report", help="a run's case table and failures; writes report.html in its folder"
+    )
+    past_run.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run folder")
+    commands.add_parser("doctor", help="what this machine has for handoff, and what it lacks")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -61,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "nightly":
             return nightly_run(args.image, Path(args.logs), [a for a in extra if a != "--"])
+        if args.command == "report":
+            return report.report(args.run_dir)
+        if args.command == "doctor":
+            return doctor.main()
         return list_cases(args.backend, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)

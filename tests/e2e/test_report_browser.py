@@ -1,0 +1,83 @@
+"""report.html of a real run, rendered by a real browser: two mocker cases run, `handoff report`
+writes the page, and Debian's headless chromium draws it (a screenshot) and parses it (its DOM
+holds one timeline per case)."""
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+CASES = [
+    "aggregate/max_seq_len_exceeded-worker_failure-completion-stream-tcp",
+    "aggregate/migration_disabled-worker_failure-chat-unary-tcp",
+]
+WIDTH, HEIGHT = 1400, 3000
+
+
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found is None:
+        pytest.fail(
+            "chromium is not on PATH: this test renders report.html in Debian's chromium; "
+            "install it (sudo apt-get install chromium), or run `nox -s tests`, which does",
+            pytrace=False,
+        )
+    return found
+
+
+class Timelines(HTMLParser):
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.keys: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        found = dict(attrs)
+        if tag == "svg" and found.get("class") == "timeline":
+            self.keys.append(found["data-case"])
+
+
+def browse(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},{HEIGHT}", *args],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
+    browser = chromium()  # before spending time on the run
+    env = {**os.environ}
+    env.pop("HANDOFF_RUN_DIR", None)  # a run folder of its own, not this session's
+    args = [a for case in CASES for a in ("--handoff-case", case)]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
+         "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
+         str(tmp_path / "runs"), *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+
+    report = subprocess.run(
+        ["handoff", "report", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert report.returncode == 0, report.stdout + report.stderr
+    page = run_dir / "report.html"
+    assert report.stdout.splitlines()[-1] == f"report: {page}"
+
+    png = tmp_path / "report.png"
+    shot = browse(browser, tmp_path, f"--screenshot={png}", page.as_uri())
+    assert shot.returncode == 0 and png.exists(), shot.stderr[-2000:]
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == (WIDTH, HEIGHT)
+    assert len(data) > 20_000  # drawn, not blank: an empty page of this size is a few KB
+
+    dom = browse(browser, tmp_path, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert sorted(Timelines(dom.stdout).keys) == sorted(CASES)
