@@ -1,6 +1,6 @@
-"""report.html of a real run, rendered by a real browser: two mocker cases run, `handoff report`
-writes the page, and Debian's headless chromium draws it (a screenshot) and parses it (its DOM
-holds one timeline per case)."""
+"""report.html of a real run, rendered by a real browser: the whole mocker pre-merge selection
+runs (two xdist workers), `handoff report` writes the page, and Debian's headless chromium draws
+it (a screenshot) and parses it (its DOM holds one timeline per case)."""
 
 import os
 import shutil
@@ -11,10 +11,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-CASES = [
-    "aggregate/max_seq_len_exceeded-worker_failure-completion-stream-tcp",
-    "aggregate/migration_disabled-worker_failure-chat-unary-tcp",
-]
+from handoff.cases import TOPOLOGIES, selection
+
+CASES = [c.key for t in TOPOLOGIES for c in selection(t, "pre_merge")]
 WIDTH, HEIGHT = 1400, 3000
 
 
@@ -53,11 +52,10 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     browser = chromium()  # before spending time on the run
     env = {**os.environ}
     env.pop("HANDOFF_RUN_DIR", None)  # a run folder of its own, not this session's
-    args = [a for case in CASES for a in ("--handoff-case", case)]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
          "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
-         str(tmp_path / "runs"), *args],
+         str(tmp_path / "runs"), "-n", "2"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
