@@ -33,7 +33,7 @@ def tests(session: nox.Session) -> None:
     """The project's own tests: unit, then end to end on the real Dynamo frontend and mocker."""
     install_mocker_stack(session)
     # A third-party backend, as users add one; the GPU backends for their launch facts.
-    session.install("-e", "tests/example_backend", *GPU_PACKAGES)
+    session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
     install_chromium(session)
     session.run("pytest", "tests", *session.posargs)
 
@@ -115,3 +115,10 @@ def bench(session: nox.Session) -> None:
     """Repeat the mocker pre-merge selection and print pass counts and wall times."""
     install_mocker_stack(session)
     session.run("python", "benchmarks/repeat_selection.py", *session.posargs)
+
+
+@nox.session
+def covering_bench(session: nox.Session) -> None:
+    """Covering array sizes and generation times next to the known optima and allpairspy's."""
+    session.install("-e", "packages/core", "allpairspy")
+    session.run("python", "benchmarks/covering_sizes.py", *session.posargs)

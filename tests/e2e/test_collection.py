@@ -39,8 +39,9 @@ def test_items_carry_the_case_keys():
         (("-k", "aggregate and migration_disabled and unary"), 1),
         (("--handoff-topology", "decode"), 4),
         (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
-        (("--handoff-selection", "nightly"), 64 + 32 + 16 + 64),
-        (("--handoff-selection", "nightly", "--handoff-topology", "aggregate"), 64),
+        (("--handoff-selection", "nightly"), sum(len(selection(t, "nightly")) for t in TOPOLOGIES)),
+        (("--handoff-selection", "full"), 64 + 32 + 16 + 64),
+        (("--handoff-selection", "full", "--handoff-topology", "aggregate"), 64),
     ],
 )
 def test_markers_and_keywords_select_cases(args, count):

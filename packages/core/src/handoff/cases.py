@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import TYPE_CHECKING
 
-from handoff.covering import complete, format_pair, missing_pairs, product_rows
+from handoff.covering import Model, complete, format_interaction, missing, product_rows, shortfall
+from handoff.covering_search import generate
 from handoff.errors import HandoffError
 
 if TYPE_CHECKING:
@@ -36,7 +38,9 @@ AXES: dict[str, tuple[str, ...]] = {
     "plane": PLANES,
 }
 
-SELECTIONS = ("pre_merge", "nightly")
+#: pre_merge: the published rows (every pair, or the topology's promise); nightly: a generated
+#: array of every triple, seeded with the pre-merge rows; full: the whole product.
+SELECTIONS = ("pre_merge", "nightly", "full")
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,12 @@ class Promise:
 
     pairs_over: tuple[str, ...] = ()
     each_value_of: tuple[str, ...] = ()
+    triples_over: tuple[str, ...] = ()
 
     def describe(self) -> str:
         parts = []
+        if self.triples_over:
+            parts.append("every triple over " + ", ".join(self.triples_over))
         if self.pairs_over:
             parts.append("every pair over " + ", ".join(self.pairs_over))
         if self.each_value_of:
@@ -65,8 +72,8 @@ class Promise:
         return "; ".join(parts)
 
 
-#: The full product of a topology covers everything; nightly selections promise it.
-EVERYTHING = Promise(pairs_over=tuple(AXES), each_value_of=tuple(AXES))
+#: Nightly selections promise every triple of allowed values (so every pair and value too).
+EVERY_TRIPLE = Promise(triples_over=tuple(AXES), each_value_of=tuple(AXES))
 
 
 @dataclass(frozen=True)
@@ -266,22 +273,27 @@ def backend_restriction(backend: Backend, case: Case) -> Restriction | None:
 
 
 def selection(topology_name: str, name: str, backend: Backend | None = None) -> tuple[Case, ...]:
-    """The cases of one topology and selection, in published order.
+    """The cases of one topology and selection, published rows first.
 
-    With a backend that cannot run some values (its `restrictions`), those rows are left out
-    and a pre_merge selection gets the fewest extra rows that keep its promise over the values
-    the backend runs; the kept rows keep their published ids.
+    With a backend that cannot run some values (its `restrictions`), those rows are left out;
+    a pre_merge selection then gets the fewest extra rows that keep its promise over the values
+    the backend runs, and the kept rows keep their published ids. A nightly selection is a
+    generated strength-3 covering array seeded with the pre-merge rows the backend runs.
     """
     where = topology(topology_name)
     values = allowed(topology_name, backend)
-    if name == "nightly":
-        return tuple(Case(**row, topology=topology_name) for row in product_rows(values))
-    if name != "pre_merge":
+    if name not in SELECTIONS:
         raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
+    if name == "full":
+        return tuple(Case(**row, topology=topology_name) for row in product_rows(values))
     published = [Case.from_id(i, topology_name) for i in where.pre_merge_ids]
-    if backend is None or not backend.restrictions:
+    kept = [c for c in published if backend is None or backend_restriction(backend, c) is None]
+    if name == "nightly":
+        seeds = tuple(tuple(c.row().items()) for c in kept)
+        rows = _nightly_rows(tuple((a, tuple(v)) for a, v in values.items()), seeds)
+        return tuple(Case(**dict(row), topology=topology_name) for row in rows)
+    if len(kept) == len(published):
         return tuple(published)
-    kept = [c for c in published if backend_restriction(backend, c) is None]
     rows = complete(
         [c.row() for c in kept],
         product_rows(values),
@@ -291,8 +303,17 @@ def selection(topology_name: str, name: str, backend: Backend | None = None) -> 
     return tuple(kept) + tuple(Case(**row, topology=topology_name) for row in rows)
 
 
+@cache
+def _nightly_rows(
+    values: tuple[tuple[str, tuple[str, ...]], ...], seeds: tuple[tuple[tuple[str, str], ...], ...]
+) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """Generated once per process: collection and `handoff cases` ask for it repeatedly."""
+    model = Model(dict(values), seeds=tuple(dict(s) for s in seeds))
+    return tuple(tuple(row.items()) for row in generate(model, strength=3))
+
+
 def promise(topology_name: str, name: str) -> Promise:
-    return topology(topology_name).pre_merge_promise if name == "pre_merge" else EVERYTHING
+    return topology(topology_name).pre_merge_promise if name == "pre_merge" else EVERY_TRIPLE
 
 
 def unmet(
@@ -303,17 +324,15 @@ def unmet(
 ) -> list[str]:
     """What `cases` fail to cover of the promise, named; empty when the promise holds.
 
-    Only rows the topology (and the backend, if given) allows are required: a restricted
-    value is never missing.
+    Only combinations the topology (and the backend, if given) allows are required: a
+    restricted value is never missing.
     """
-    values = allowed(topology_name, backend)
+    model = Model(allowed(topology_name, backend))
     rows = [c.row() for c in cases]
-    pairs = {a: values[a] for a in kept.pairs_over}
-    missing = [format_pair(p) for p in missing_pairs(pairs, rows, product_rows(values))]
-    for axis in kept.each_value_of:
-        seen = {row[axis] for row in rows}
-        missing += [f"{axis}={v}" for v in values[axis] if v not in seen]
-    return missing
+    lines = shortfall(model, rows, kept.pairs_over, kept.each_value_of).lines()
+    if kept.triples_over:
+        lines += [format_interaction(t) for t in missing(model, rows, 3, kept.triples_over)]
+    return lines
 
 
 def backend_cases(backend: Backend, topologies: Sequence[str] | None, name: str) -> list[Case]:

@@ -16,7 +16,17 @@ from rich.table import Table
 
 from handoff import container, doctor, report
 from handoff.backend import Backend
-from handoff.cases import SELECTIONS, TOPOLOGIES, Case, promise, selection, topology, unmet
+from handoff.cases import (
+    SELECTIONS,
+    TOPOLOGIES,
+    Case,
+    allowed,
+    promise,
+    selection,
+    topology,
+    unmet,
+)
+from handoff.covering import Model, format_interaction, trace
 from handoff.errors import HandoffError
 from handoff.nightly import print_table, run_nightly
 from handoff.plugins import configured_backend, load
@@ -33,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     cases.add_argument(
         "--topology", action="append", help="repeatable; default: every topology there is"
     )
+    coverage = commands.add_parser(
+        "coverage", help="a selection's promise, whether it holds, and which row covers what"
+    )
+    coverage.add_argument("--backend", required=True)
+    coverage.add_argument("--topology", required=True)
+    coverage.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
     config = commands.add_parser("config", help="a backend's effective settings and sources")
     config.add_argument("--backend", required=True)
     qualify = commands.add_parser(
@@ -58,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "backends":
             return list_backends()
+        if args.command == "coverage":
+            return show_coverage(args.backend, args.topology, args.selection)
         if args.command == "config":
             return show_config(args.backend)
         if args.command == "qualify":
@@ -106,7 +124,7 @@ def list_cases(backend_name: str, topologies: list[str] | None, selection_name: 
         kept = promise(name, selection_name)
         missing = unmet(name, chosen, kept, backend)
         broken = broken or bool(missing)
-        full = len(selection(name, "nightly", backend))
+        full = len(selection(name, "full", backend))
         status = "holds" if not missing else "BROKEN, missing " + "; ".join(missing)
         print(
             f"# {name} {selection_name}: {len(chosen)} of {full} rows; {kept.describe()}: {status}"
@@ -126,6 +144,34 @@ def case_line(backend: Backend, case: Case, selection_name: str, published: set[
     )
     added = selection_name == "pre_merge" and case.id not in published
     return f"{case.id}  {selection_name} {markers}" + ("  added" if added else "")
+
+
+def show_coverage(backend_name: str, topology_name: str, selection_name: str) -> int:
+    """The selection's rows, its promise and whether it holds, and for every promised pair (or
+    triple, or value) the first row that covers it. Exits 1 when the promise is broken."""
+    backend = configured_backend(backend_name)
+    backend.roles(topology(topology_name).name)  # not run by this backend: says why
+    chosen = selection(topology_name, selection_name, backend)
+    kept = promise(topology_name, selection_name)
+    missing = unmet(topology_name, chosen, kept, backend)
+    full = len(selection(topology_name, "full", backend))
+    status = "holds" if not missing else f"BROKEN: {len(missing)} not covered"
+    print(f"# {topology_name} {selection_name} of {backend_name}: {len(chosen)} of {full} rows")
+    print(f"# promise: {kept.describe()}: {status}")
+    for n, case in enumerate(chosen, 1):
+        print(f"{n:>4}  {case.id}")
+    print("# traceability: the first row that covers each promised combination")
+    model = Model(allowed(topology_name, backend))
+    rows = [c.row() for c in chosen]
+    wanted = [(3, kept.triples_over), (2, kept.pairs_over)] + [
+        (1, (a,)) for a in kept.each_value_of
+    ]
+    for strength, axes in wanted:
+        if len(axes) < strength:
+            continue
+        for cells, first in trace(model, rows, strength, axes):
+            print(f"{format_interaction(cells):<80} {'-' if first is None else first + 1}")
+    return 1 if missing else 0
 
 
 def show_config(backend_name: str) -> int:

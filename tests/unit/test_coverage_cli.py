@@ -1,0 +1,51 @@
+"""`handoff coverage`: a selection, its promise, and the first row covering each combination."""
+
+import re
+
+import pytest
+
+from handoff import cli
+from handoff.cases import selection
+
+
+def coverage(capsys, *args):
+    code = cli.main(["coverage", *args])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def traced(lines):
+    """(combination, row number or '-') for each traceability line."""
+    start = lines.index("# traceability: the first row that covers each promised combination")
+    return [tuple(line.rsplit(None, 1)) for line in lines[start + 1 :]]
+
+
+def test_the_aggregate_pre_merge_rows_cover_every_pair(capsys):
+    code, lines = coverage(capsys, "--backend", "mocker", "--topology", "aggregate")
+    assert code == 0
+    assert lines[0] == "# aggregate pre_merge of mocker: 8 of 64 rows"
+    assert lines[1].endswith(": holds")
+    pairs = traced(lines)
+    # 4 policies x 8 values of the four binary axes, and 6 pairs of binary axes x 4.
+    assert len(pairs) == 4 * 8 + 6 * 4
+    assert {row for _, row in pairs} == {str(n) for n in range(1, 9)}  # every row earns its place
+    assert ("policy=migration_enabled & fault=worker_failure", "1") in pairs
+
+
+def test_nightly_traces_every_triple(capsys):
+    code, lines = coverage(
+        capsys, "--backend", "mocker", "--topology", "kv_transfer", "--selection", "nightly"
+    )
+    assert code == 0
+    rows = len(selection("kv_transfer", "nightly"))
+    assert lines[0] == f"# kv_transfer nightly of mocker: {rows} of 16 rows"
+    triples = [c for c, _ in traced(lines) if c.count("&") == 2]
+    # policy has one value here: 6 triples with it x 4 value pairs, 4 without it x 8 values.
+    assert len(triples) == 6 * 4 + 4 * 8
+    assert all(re.fullmatch(r"\d+", row) for _, row in traced(lines))
+
+
+def test_a_topology_the_backend_does_not_run_says_why(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["coverage", "--backend", "mocker"])  # --topology is required
+    code, _ = coverage(capsys, "--backend", "example", "--topology", "decode")
+    assert code == 2
