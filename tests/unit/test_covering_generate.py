@@ -5,6 +5,7 @@ shortfall) that checks any selection against a promise."""
 from itertools import combinations
 
 import pytest
+from covering_oracle import missing_pairs
 
 from handoff.covering import (
     Forbidden,
@@ -13,7 +14,6 @@ from handoff.covering import (
     Space,
     format_interaction,
     missing,
-    missing_pairs,
     product_rows,
     required,
     shortfall,

@@ -6,6 +6,7 @@ Derandomized: hypothesis draws the same examples on every run, so a failure repr
 from collections import Counter
 from itertools import combinations
 
+from covering_oracle import missing_pairs
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from handoff.covering import (
     Implies,
     Model,
     missing,
-    missing_pairs,
     pairs_of,
     product_rows,
 )

@@ -4,8 +4,8 @@ allowed rows hold, and which of them a set of rows covers, misses, or covers fir
 A model is data: axes (name -> values, in declared order), constraints (`Forbidden` partial
 rows and `Implies` rules) and seed rows. A row is allowed when it breaks no constraint; an
 interaction (t axis=value cells, t the strength) is required when some allowed row holds it, so
-what the constraints rule out is never reported missing. `missing` is `missing_pairs` with
-constraints and any strength, found without walking the product; `shortfall` checks a
+what the constraints rule out is never reported missing. `missing` names the required
+interactions no row covers, at any strength, found without walking the product; `shortfall` checks a
 selection against a promise; `trace` names the first row covering each required interaction.
 
 Generation (greedy, search, lower bound) lives in `handoff.covering_search`: it needs this
@@ -40,29 +40,8 @@ def product_rows(axes: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
     return [dict(zip(axes, values, strict=True)) for values in product(*axes.values())]
 
 
-def missing_pairs(
-    axes: Mapping[str, Sequence[str]],
-    rows: Iterable[Row],
-    allowed: Iterable[Row] | None = None,
-) -> list[Pair]:
-    """Pairs that the allowed rows (default: the full product) hold but `rows` never cover.
-
-    Sorted in axis and value order, so the first missing pair named is stable across runs.
-    """
-    names = list(axes)
-    need = pairs_of(names, product_rows(axes) if allowed is None else allowed)
-    rank = {(a, v): i for i, (a, v) in enumerate((a, v) for a in axes for v in axes[a])}
-    return sorted(need - pairs_of(names, rows), key=lambda p: (rank[p[0]], rank[p[1]]))
-
-
-def format_pair(pair: Pair) -> str:
-    """`policy=migration_enabled & fault=worker_failure`: how a missing pair is named."""
-    (a, va), (b, vb) = pair
-    return f"{a}={va} & {b}={vb}"
-
-
 def format_interaction(cells: Interaction) -> str:
-    """`a=x & b=y & c=z`: a pair as `format_pair` names it, and a triple likewise."""
+    """`policy=migration_enabled & fault=worker_failure`: how a pair (or triple) is named."""
     return " & ".join(f"{a}={v}" for a, v in cells)
 
 
@@ -387,7 +366,7 @@ def trace(
 def missing(
     model: Model | Space, rows: Sequence[Row], strength: int = 2, over: Sequence[str] | None = None
 ) -> list[Interaction]:
-    """The required interactions that no row covers; `missing_pairs` with constraints."""
+    """The required interactions that no row covers, in declared axis and value order."""
     return [cells for cells, first in trace(model, rows, strength, over) if first is None]
 
 
