@@ -110,6 +110,14 @@ def nightly(session: nox.Session) -> None:
     session.run("handoff", "nightly", *session.posargs)
 
 
+@nox.session(venv_params=["--system-site-packages"])
+def profile(session: nox.Session) -> None:
+    """Run cases while sampling GPU memory every 100 ms; print the markers to paste."""
+    install_mocker_stack(session)
+    session.install(*GPU_PACKAGES)
+    session.run("handoff", "profile", *session.posargs)
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Repeat the mocker pre-merge selection and print pass counts and wall times."""

@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from handoff.backend import Model
-from handoff.cases import Case
+from handoff.cases import Case, only
 from handoff.errors import HandoffError
-from handoff.pytest_plugin import only
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend
 

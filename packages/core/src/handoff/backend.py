@@ -93,6 +93,8 @@ class Backend(ABC):
     #: a kv_transfer case proves its transfer by it when the backend knows no transfer time.
     kv_transfer_counter: ClassVar[str | None] = None
     migration_counts: Literal["exact", "lower_bound"] = "exact"
+    #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
+    cpus_per_case: ClassVar[float] = 1.0
     defaults: ClassVar[Mapping[str, object]] = {"case_timeout_s": 120.0, "startup_timeout_s": 60.0}
     #: The settings keys this backend reads; a team setting any other for it is an error.
     uses_settings: ClassVar[tuple[str, ...]] = (

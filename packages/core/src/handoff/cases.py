@@ -346,3 +346,19 @@ def backend_cases(backend: Backend, topologies: Sequence[str] | None, name: str)
             backend.roles(t)
     chosen = topologies or [t for t in TOPOLOGIES if t in backend.topologies]
     return [case for t in chosen for case in selection(t, name, backend)]
+
+
+def only(cases: list[Case], wanted: list[str] | None, backend: str, chosen: str) -> list[Case]:
+    """The cases named by --handoff-case (all when none is named). A name that matches no
+    case, or a selection left empty, is an error that says where to look."""
+    if not cases:
+        raise HandoffError(f"the {chosen} selection of {backend} is empty: no case to run")
+    if not wanted:
+        return cases
+    for name in wanted:
+        if not any(name in (c.key, c.id) for c in cases):
+            raise HandoffError(
+                f"unknown case {name!r} in the {chosen} selection of {backend}: "
+                f"`handoff cases --backend {backend} --selection {chosen}` lists them"
+            )
+    return [c for c in cases if c.key in wanted or c.id in wanted]

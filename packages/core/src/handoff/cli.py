@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from handoff import container, doctor, report
+from handoff import container, doctor, profiling, report
 from handoff.backend import Backend
 from handoff.cases import (
     SELECTIONS,
@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     cases.add_argument(
         "--topology", action="append", help="repeatable; default: every topology there is"
     )
+    commands.add_parser(
+        "profile",
+        help="run cases while sampling GPU memory; print their markers (see --help of it)",
+        add_help=False,
+    )
     coverage = commands.add_parser(
         "coverage", help="a selection's promise, whether it holds, and which row covers what"
     )
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     past_run.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run folder")
     commands.add_parser("doctor", help="what this machine has for handoff, and what it lacks")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "profile":  # its own parser: handoff.profiling
+        return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
     if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

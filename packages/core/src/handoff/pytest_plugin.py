@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import ownership
+from handoff import ownership, scheduling
 from handoff.backend import Backend
-from handoff.cases import SELECTIONS, Case, backend_cases
+from handoff.cases import SELECTIONS, backend_cases, only
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend
 from handoff.progress import LiveProgress
@@ -62,6 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seconds between SIGTERM and SIGKILL in graceful_shutdown cases "
         "(default: graceful_bound_s of [tool.handoff], else 2)",
     )
+    scheduling.add_options(group)
 
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml reads its path
@@ -71,6 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
         _reap("before this run")
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
+    # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
+    scheduler = scheduling.Scheduler(config, cpus_per_case(config))
+    config.pluginmanager.register(scheduler, "handoff-scheduler")
     name = config.getoption("handoff_backend")
     if name:
         config.addinivalue_line("markers", f"{name}: case run against the {name} backend")
@@ -80,8 +84,18 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir = Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}"
         os.environ[RUN_DIR_ENV] = str(run_dir.resolve())
     # The qualification suite always leaves JUnit XML for CI beside its results.json.
-    if "handoff.qualification" in config.args and not config.option.xmlpath:
+    dry_run = config.getoption("handoff_dry_run")
+    if "handoff.qualification" in config.args and not config.option.xmlpath and not dry_run:
         config.option.xmlpath = str(Path(os.environ[RUN_DIR_ENV]) / "junit.xml")
+
+
+def cpus_per_case(config: pytest.Config) -> float:
+    """What one case of the chosen backend keeps busy; 1 until the backend is known to load
+    (a bad --handoff-backend is reported at collection, in one line)."""
+    try:
+        return chosen_backend(config).cpus_per_case
+    except HandoffError:
+        return 1.0
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -147,22 +161,6 @@ def case_params(config: pytest.Config) -> list:
             marks.append(getattr(pytest.mark, marker)(value))
         params.append(pytest.param(case, id=case.key, marks=marks))
     return params
-
-
-def only(cases: list[Case], wanted: list[str] | None, backend: str, chosen: str) -> list[Case]:
-    """The cases named by --handoff-case (all when none is named). A name that matches no
-    case, or a selection left empty, is an error that says where to look."""
-    if not cases:
-        raise HandoffError(f"the {chosen} selection of {backend} is empty: no case to run")
-    if not wanted:
-        return cases
-    for name in wanted:
-        if not any(name in (c.key, c.id) for c in cases):
-            raise HandoffError(
-                f"unknown case {name!r} in the {chosen} selection of {backend}: "
-                f"`handoff cases --backend {backend} --selection {chosen}` lists them"
-            )
-    return [c for c in cases if c.key in wanted or c.id in wanted]
 
 
 @pytest.fixture(scope="session")

@@ -82,6 +82,9 @@ class MockerBackend(Backend):
     migration_counts = "exact"
     defaults: ClassVar[dict[str, object]] = {**Backend.defaults, "case_timeout_s": 90.0}
     #: The mocker serves its own tokenizer-only model and needs no image or model cache.
+    #: Measured: the 18 pre-merge cases take 20.1 CPU-s in 49.5 s at -n 1 (0.41 CPUs a case;
+    #: benchmarks/RESULTS.md); a case mostly waits on its request and its fault.
+    cpus_per_case = 0.5
     nondeterministic_because = "the mocker draws each token at random"
     uses_settings = ("max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s")
 

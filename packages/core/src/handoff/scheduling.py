@@ -1,0 +1,220 @@
+"""Cases of a pytest run under two budgets: CPU slots and GPU memory (the pytest side of
+`handoff.placement` and `handoff.gpu_ledger`).
+
+- CPU slots are pytest-xdist workers (`-n`): xdist runs one case at a time per worker, and its
+  `--maxprocesses` caps only `-n auto`. In a qualification run (`--pyargs
+  handoff.qualification`) more workers than fit are not started: the CPUs `cpus.cpu_slots()`
+  finds (the affinity mask and the cgroup CPU quota) divided by the CPUs one case keeps busy
+  (`Backend.cpus_per_case`: the mocker's 0.5, measured, lets -n 4 run on 2 CPUs). The
+  controller cuts xdist's `popen` workers down at
+  configure time, before xdist (trylast) starts them, and the report header says so. `-n auto`
+  is cut the same way (xdist counts physical cores, blind to masks and quotas).
+  HANDOFF_CPU_SLOTS=N allows N workers on purpose.
+- Order: the cases start longest first by their `timeout` marker (a stable sort: cases with
+  equal timeouts, the mocker's, keep today's order). xdist hands each worker a few items at a
+  time, so the start order is longest first up to those chunks.
+- GPU memory: a case with `profiled_vram_gib` above 0 (or `whole_gpu`) takes a reservation from
+  the machine-wide ledger before it starts, waiting until a GPU has room under
+  `--max-vram-gib` (per GPU; default: the GPU's total) and under what NVML shows other processes
+  use; its processes get `CUDA_VISIBLE_DEVICES` of that GPU (set in the worker's environment
+  for the case, which every process of the deployment inherits); the reservation goes at
+  teardown, after the deployment's processes are gone. The wait is bounded by the sum of the
+  run's GPU case timeouts (every case ahead run one after another): past that, the case
+  errors saying what holds the memory. Cases with 0 GiB (the mocker's) take no reservation and
+  never read NVML: they run exactly as before.
+- Refused: a case whose marker is over what any GPU may hold for it is skipped, the reason in
+  its skip message; the run's summary lists them.
+- `--handoff-dry-run` prints the plan (`placement.plan`: order, slot, GPU) for the chosen cases
+  and the -n asked for, and starts nothing: no xdist worker, no case.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from handoff.cpus import cpu_slots
+from handoff.errors import HandoffError
+from handoff.gpu import ORDER_ENV, VISIBLE_ENV, GpuUnavailable, cuda_env, open_nvml
+from handoff.gpu_ledger import GpuLedger, Reservation
+from handoff.placement import Demand, Room, plan, plan_lines, refusal
+from handoff.polling import Deadline, Timeout
+
+REFUSED = "handoff: not run: "
+#: The least a GPU case waits for room, however short the run's timeouts.
+MIN_WAIT_S = 60.0
+
+
+def add_options(group) -> None:
+    group.addoption(
+        "--max-vram-gib",
+        type=float,
+        help="GPU memory handoff's cases may hold at once on each GPU, in GiB, by their "
+        "profiled_vram_gib markers (default: the GPU's total); a case over it is not run",
+    )
+    group.addoption(
+        "--handoff-dry-run",
+        action="store_true",
+        help="print which case would run when, on which CPU slot and GPU; start nothing",
+    )
+
+
+def demand(item: pytest.Item) -> Demand:
+    def value(name: str) -> float:
+        marker = item.get_closest_marker(name)
+        return float(marker.args[0]) if marker and marker.args else 0.0
+
+    return Demand(
+        key=item.callspec.id if hasattr(item, "callspec") else item.nodeid,
+        vram_gib=value("profiled_vram_gib"),
+        timeout_s=value("timeout"),
+        whole_gpu=bool(value("whole_gpu")),
+    )
+
+
+def is_case(item: pytest.Item) -> bool:
+    return "handoff_case" in getattr(item, "fixturenames", ())
+
+
+class Scheduler:
+    """Registered by the handoff pytest plugin at configure time, in the controller and in
+    every xdist worker."""
+
+    def __init__(self, config: pytest.Config, cpus_per_case: float = 1.0) -> None:
+        self.config = config
+        self.cpus_per_case = cpus_per_case
+        self.budget = config.getoption("max_vram_gib")
+        self.dry_run = config.getoption("handoff_dry_run")
+        self.notes: list[str] = []
+        self.refused: list[tuple[str, str]] = []  # reported by the items' skips
+        self.planned: list[str] = []
+        self.ledger: GpuLedger | None = None
+        self.wait_s = MIN_WAIT_S
+        self.held: dict[str, tuple[Reservation, dict[str, str | None]]] = {}
+        self.slots = 1
+        if self.budget is not None and self.budget <= 0:
+            raise pytest.UsageError(f"--max-vram-gib must be above 0, not {self.budget:g}")
+        if not hasattr(config, "workerinput"):  # the controller
+            self._limit_workers()
+
+    def _limit_workers(self) -> None:
+        """Cut xdist's workers to the CPU slots in a qualification run (not, say, the
+        project's own tests); no worker at all for a dry run."""
+        option = self.config.option
+        workers = list(getattr(option, "tx", None) or [])
+        qualifying = "handoff.qualification" in self.config.args
+        if not workers or not qualifying or any(spec != "popen" for spec in workers):
+            self.slots = max(1, len(workers))
+        else:
+            try:
+                slots = cpu_slots()
+            except HandoffError as exc:
+                raise pytest.UsageError(str(exc)) from exc
+            per_case = self.cpus_per_case
+            fit = slots.count if slots.chosen else max(1, math.floor(slots.count / per_case))
+            self.slots = min(len(workers), fit)
+            if len(workers) > fit:
+                option.tx = ["popen"] * fit
+                self.notes.append(
+                    f"handoff: {len(workers)} xdist workers asked for, {fit} started: "
+                    f"{slots.why}, {per_case:g} CPUs a case"
+                )
+        if self.dry_run and workers:
+            option.tx, option.dist = [], "no"
+
+    def pytest_report_header(self) -> list[str]:
+        return self.notes
+
+    def rooms(self) -> tuple[list[Room], str]:
+        """The visible GPUs now, or none and why."""
+        if self.ledger is None:
+            try:
+                self.ledger = GpuLedger(open_nvml(), self.budget)
+            except GpuUnavailable as exc:
+                return [], str(exc)
+        return self.ledger.rooms(), ""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
+        cases = [i for i in items if is_case(i)]
+        if not cases:
+            return
+        ordered = iter(sorted(cases, key=lambda i: -demand(i).timeout_s))
+        items[:] = [next(ordered) if is_case(i) else i for i in items]
+        demands = {i: demand(i) for i in items if is_case(i)}
+        on_gpu = [i for i, d in demands.items() if d.needs_gpu]
+        rooms: list[Room] = []
+        if on_gpu:
+            rooms, why_none = self.rooms()
+            self.wait_s = max(MIN_WAIT_S, sum(demands[i].timeout_s for i in on_gpu))
+            for item in on_gpu:
+                why = refusal(demands[item], rooms)
+                if why:
+                    reason = f"{why}{f' ({why_none})' if why_none else ''}"
+                    budget = f" under --max-vram-gib {self.budget:g}" if self.budget else ""
+                    item.add_marker(pytest.mark.skip(reason=f"{REFUSED}{reason}{budget}"))
+        if self.dry_run:
+            self.planned = plan_lines(plan(list(demands.values()), rooms, self.slots))
+            config.hook.pytest_deselected(items=list(items))
+            items[:] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and isinstance(report.longrepr, (tuple, list)):
+            message = str(report.longrepr[2]).removeprefix("Skipped: ")
+            if message.startswith(REFUSED):
+                key = report.nodeid.rpartition("[")[2].rstrip("]")
+                self.refused.append((key, message.removeprefix(REFUSED)))
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        wanted = demand(item) if is_case(item) else None
+        if wanted is None or not wanted.needs_gpu:
+            return
+        if self.ledger is None:
+            _, why_none = self.rooms()
+            if self.ledger is None:
+                pytest.fail(f"{wanted.key} needs a GPU: {why_none}", pytrace=False)
+        assert self.ledger is not None
+        try:
+            reservation = self.ledger.take(wanted, Deadline(self.wait_s))
+        except Timeout as exc:
+            pytest.fail(f"no GPU had room for {wanted.key} in {self.wait_s:.0f} s: {exc}", False)
+        saved = {name: os.environ.get(name) for name in (VISIBLE_ENV, ORDER_ENV)}
+        os.environ.update(cuda_env(reservation.gpu))
+        self.held[item.nodeid] = (reservation, saved)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item):
+        try:
+            return (yield)
+        finally:
+            if item.nodeid in self.held:
+                reservation, saved = self.held.pop(item.nodeid)
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+                assert self.ledger is not None
+                self.ledger.release(reservation)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        if self.planned:
+            tr.section("handoff plan (dry run: nothing started)")
+            for line in self.planned:
+                tr.write_line(line)
+        if self.refused:
+            tr.write_line(f"handoff: {len(self.refused)} cases not run, over the VRAM budget:")
+            for key, why in self.refused:
+                tr.write_line(f"    {key}: {why}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.dry_run and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK
+
+    def pytest_unconfigure(self) -> None:
+        if self.ledger is not None:
+            self.ledger.nvml.close()

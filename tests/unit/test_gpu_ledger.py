@@ -1,0 +1,174 @@
+"""The machine-wide VRAM ledger: real flock, processes competing for one GPU's budget, which
+is never exceeded; a dead holder's reservation no longer counts; NVML's live use respected."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_nvml import FakeNvml
+
+from handoff.gpu_ledger import GpuLedger, process_trees, start_time
+from handoff.placement import Demand
+from handoff.polling import Deadline, Timeout, poll_until
+
+HERE = Path(__file__).parent
+#: A competitor: takes its GiB from the ledger (budget 10 of a 24 GiB GPU), holds it for a
+#: while as a case would, records what the ledger held meanwhile, then releases.
+COMPETITOR = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from fake_nvml import FakeNvml
+from handoff.gpu_ledger import GpuLedger
+from handoff.placement import Demand
+from handoff.polling import Deadline
+folder, gib, hold, log = Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+ledger = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
+asked = time.monotonic()
+taken = ledger.take(Demand(f"case-{sys.argv[6]}", gib), Deadline(60))
+start = time.monotonic()
+seen = sum(r.gib for r in ledger.held())
+time.sleep(hold)  # the case runs
+end = time.monotonic()
+ledger.release(taken)
+Path(log).write_text(json.dumps(
+    {"gib": gib, "asked": asked, "start": start, "end": end, "seen": seen, "gpu": taken.gpu}
+))
+"""
+
+
+def ledger_of(nvml, tmp_path, budget=None):
+    return GpuLedger(nvml, budget_gib=budget, folder=tmp_path / "leases")
+
+
+def test_competing_processes_never_hold_more_than_the_budget(tmp_path):
+    demands = [6, 6, 4, 4, 3, 3, 2]
+    folder = tmp_path / "leases"
+    logs = [tmp_path / f"competitor-{n}.json" for n in range(len(demands))]
+
+    def competitor(n, gib, log):
+        args = [str(HERE), str(folder), str(gib), "0.4", str(log), str(n)]
+        return subprocess.Popen([sys.executable, "-c", COMPETITOR, *args])
+
+    competitors = [
+        competitor(n, gib, log) for n, (gib, log) in enumerate(zip(demands, logs, strict=True))
+    ]
+    watcher = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
+    held = []
+
+    def all_done():  # watch the ledger while they compete
+        held.append(sum(r.gib for r in watcher.held()))
+        done = all(c.poll() is not None for c in competitors)
+        return (True if done else None), f"{sum(c.poll() is None for c in competitors)} running"
+
+    poll_until(all_done, Deadline(120), "the competitors to finish")
+    assert [c.returncode for c in competitors] == [0] * len(demands)
+    records = [json.loads(log.read_text()) for log in logs]
+    assert max(held) <= 10 and max(r["seen"] for r in records) <= 10
+    # [start, end] is inside each true holding: overlapping ones held together.
+    for r in records:
+        together = [o for o in records if o["start"] <= r["start"] < o["end"]]
+        assert sum(o["gib"] for o in together) <= 10
+    assert max(held) > 6  # they did share the GPU
+    assert watcher.held() == []
+
+
+def test_a_killed_holder_no_longer_counts(tmp_path):
+    folder = tmp_path / "leases"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from pathlib import Path\n"
+         f"sys.path.insert(0, {str(HERE)!r})\n"
+         "from fake_nvml import FakeNvml\n"
+         "from handoff.gpu_ledger import GpuLedger\n"
+         "from handoff.placement import Demand\n"
+         "from handoff.polling import Deadline\n"
+         f"GpuLedger(FakeNvml(24), 10, Path({str(folder)!r}))"
+         ".take(Demand('held', 10), Deadline(10))\n"
+         "print('taken', flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "taken"
+        ledger = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
+        assert [r.key for r in ledger.held()] == ["held"]
+        assert ledger.try_take(Demand("next", 1))[0] is None
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # SIGKILL: no teardown ran, no release; the entry's holder is gone, so it is ignored.
+    taken, _ = ledger.try_take(Demand("next", 10))
+    assert taken is not None and [r.key for r in ledger.held()] == ["next"]
+
+
+def test_memory_another_tenant_uses_is_respected(tmp_path):
+    nvml = FakeNvml(24)
+    nvml.use(0, 1, 20)  # pid 1 exists here and is not a holder's
+    ledger = ledger_of(nvml, tmp_path)
+    (room,) = ledger.rooms()
+    assert room.foreign_gib == pytest.approx(20.6) and room.free_gib == pytest.approx(3.4)
+    assert ledger.try_take(Demand("a", 4))[0] is None
+    assert ledger.try_take(Demand("b", 3))[0].gpu == 0
+
+
+def test_what_the_holders_processes_use_is_theirs_up_to_what_they_reserved(tmp_path):
+    nvml = FakeNvml(24)
+    ledger = ledger_of(nvml, tmp_path)
+    ledger.try_take(Demand("mine", 8))
+    nvml.use(0, os.getpid(), 6)  # still growing towards its marker
+    (room,) = ledger.rooms()
+    assert (room.reserved_gib, room.foreign_gib) == (8, pytest.approx(0.6))
+    assert room.free_gib == pytest.approx(24 - 0.6 - 8)
+    nvml.use(0, os.getpid(), 12)  # past its marker: the excess counts as someone else's
+    (room,) = ledger.rooms()
+    assert room.foreign_gib == pytest.approx(0.6 + 4)
+
+
+def test_without_per_process_use_others_are_what_the_reservations_do_not_explain(tmp_path):
+    nvml = FakeNvml(24)
+    ledger = ledger_of(nvml, tmp_path)
+    ledger.try_take(Demand("mine", 8))
+    nvml.use(0, 99_999_999, 8)  # a host pid seen from a container: not a process here
+    (room,) = ledger.rooms()
+    assert room.foreign_gib == pytest.approx(0.6)
+    nvml.per_process = False
+    nvml.use(0, 99_999_999, 18)
+    (room,) = ledger.rooms()
+    assert room.foreign_gib == pytest.approx(18.6 - 8)
+
+
+def test_best_fit_across_gpus_and_release(tmp_path):
+    ledger = ledger_of(FakeNvml(48, 24), tmp_path, budget=40)
+    first, _ = ledger.try_take(Demand("a", 20))
+    assert first.gpu == 1  # the tighter GPU that fits
+    second, _ = ledger.try_take(Demand("b", 20))
+    assert second.gpu == 0  # GPU 1 has 3.4 GiB left
+    ledger.release(first)
+    assert [r.key for r in ledger.held()] == ["b"]
+
+
+def test_a_case_that_never_fits_times_out_saying_what_holds_the_memory(tmp_path):
+    ledger = ledger_of(FakeNvml(24), tmp_path, budget=10)
+    ledger.try_take(Demand("holder", 8))
+    with pytest.raises(Timeout) as caught:
+        ledger.take(Demand("waiter", 4), Deadline(0.3))
+    assert str(caught.value) == (
+        "timed out waiting for 4 GiB of GPU memory for waiter; last seen: GPU 0: 8.0 GiB held "
+        "by 1 case(s), 0.6 GiB used by other processes, 2.0 GiB free within a 10.0 GiB budget"
+    )
+
+
+def test_process_helpers_read_proc():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in process_trees({os.getpid()})
+        assert start_time(child.pid) is not None and start_time(99_999_999) is None
+    finally:
+        child.kill()
+        child.wait()
