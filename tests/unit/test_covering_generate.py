@@ -5,7 +5,7 @@ shortfall) that checks any selection against a promise."""
 from itertools import combinations
 
 import pytest
-from covering_oracle import missing_pairs
+from covering_oracle import allowed_rows, missing_pairs, triples
 
 from handoff.covering import (
     Forbidden,
@@ -62,28 +62,6 @@ FIRST = {
 }
 SECOND = dict(FIRST, topology="decode", response="stream")
 CONSTRAINED = Model(AXES, RULES, seeds=(FIRST, SECOND))
-
-
-def allowed_rows(model: Model) -> list[dict[str, str]]:
-    """The allowed rows by brute force, checked here without handoff's Space."""
-
-    def ok(row: dict[str, str]) -> bool:
-        for rule in model.constraints:
-            if isinstance(rule, Forbidden) and all(row[a] == v for a, v in rule.cells):
-                return False
-            if (
-                isinstance(rule, Implies)
-                and row[rule.axis] == rule.value
-                and row[rule.then_axis] not in rule.then
-            ):
-                return False
-        return True
-
-    return [row for row in product_rows(model.axes) if ok(row)]
-
-
-def triples(axes, rows):
-    return {tuple((a, r[a]) for a in combo) for r in rows for combo in combinations(axes, 3)}
 
 
 @pytest.mark.parametrize("name", list(OPTIMA))

@@ -4,9 +4,8 @@ checked against a brute-force oracle that does not use handoff's own constraint 
 Derandomized: hypothesis draws the same examples on every run, so a failure reproduces."""
 
 from collections import Counter
-from itertools import combinations
 
-from covering_oracle import missing_pairs
+from covering_oracle import allowed_rows, missing_pairs, triples
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +15,6 @@ from handoff.covering import (
     Model,
     missing,
     pairs_of,
-    product_rows,
 )
 from handoff.covering_search import generate, lower_bound
 from handoff.errors import HandoffError
@@ -49,33 +47,13 @@ def models(draw, axes=(2, 6), values=(2, 4), forbidden=3, implications=2):
     return Model(space, tuple(rules))
 
 
-def allowed(model: Model) -> list[dict[str, str]]:
-    def ok(row):
-        for rule in model.constraints:
-            if isinstance(rule, Forbidden) and all(row[a] == v for a, v in rule.cells):
-                return False
-            if (
-                isinstance(rule, Implies)
-                and row[rule.axis] == rule.value
-                and row[rule.then_axis] not in rule.then
-            ):
-                return False
-        return True
-
-    return [row for row in product_rows(model.axes) if ok(row)]
-
-
-def triples(names, rows):
-    return {tuple((a, r[a]) for a in combo) for r in rows for combo in combinations(names, 3)}
-
-
 def generated(model: Model, strength: int) -> list[dict[str, str]] | None:
     """The generated rows, or None where the model allows no row (then that is the error)."""
     try:
         return generate(model, strength, moves=MOVES)
     except HandoffError as error:
         assert "allow no row" in str(error)
-        assert allowed(model) == []
+        assert allowed_rows(model) == []
         return None
 
 
@@ -85,7 +63,7 @@ def test_every_allowed_pair_is_covered_and_no_row_breaks_a_constraint(model):
     rows = generated(model, 2)
     if rows is None:
         return
-    oracle = allowed(model)
+    oracle = allowed_rows(model)
     assert all(row in oracle for row in rows)
     assert pairs_of(list(model.axes), rows) == pairs_of(list(model.axes), oracle)
     assert lower_bound(model) <= len(rows)
@@ -104,7 +82,7 @@ def test_the_verifier_finds_exactly_the_pairs_a_removed_row_alone_covered(model)
         alone = pairs_of(names, [row]) & {p for p, c in held.items() if c == 1}
         if alone:
             rest = rows[:n] + rows[n + 1 :]
-            gap = missing_pairs(model.axes, rest, allowed(model))
+            gap = missing_pairs(model.axes, rest, allowed_rows(model))
             assert set(gap) == alone
             assert missing(model, rest) == gap
             event("a row removed")
@@ -117,7 +95,7 @@ def test_strength_three_covers_every_allowed_triple(model):
     rows = generated(model, 3)
     if rows is None:
         return
-    oracle = allowed(model)
+    oracle = allowed_rows(model)
     assert all(row in oracle for row in rows)
     assert triples(list(model.axes), rows) == triples(list(model.axes), oracle)
     assert missing(model, rows, 3) == []
