@@ -25,6 +25,10 @@ HEALTH_ENDPOINT = {
     "prefill": ("prefill", "generate"),
 }
 TEARDOWN_TIMEOUT_S = 15.0
+#: Dynamo 1.6.1 lists a prefill worker in /health, and the model in /v1/models, a moment before
+#: its prefill router is active; a request in between gets 503 "prefill routing ... is still
+#: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
+PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
 
 
 class StartupFailure(CaseFailure):
@@ -124,15 +128,27 @@ class Deployment:
             shown["models"] = len(names)
             if not self.listings or self.listings[-1][1] != shown:
                 self.listings.append((time.monotonic(), shown))
-            if listed == expected and self.model.name in names:
-                return True, ""
-            return None, f"/health instances {dict(listed)}, /v1/models {names}"
+            seen = f"/health instances {dict(listed)}, /v1/models {names}"
+            if listed != expected or self.model.name not in names:
+                return None, seen
+            if "prefill" in self.roles and not self._frontend_logged(PREFILL_ROUTER_ACTIVE):
+                return None, seen + f", no {PREFILL_ROUTER_ACTIVE!r} in the frontend's log yet"
+            return True, ""
 
+        router = ", its prefill router active" if "prefill" in self.roles else ""
         poll_until(
             probe,
             deadline,
-            f"the frontend to list instances {dict(expected)} and model {self.model.name!r}",
+            f"the frontend to list instances {dict(expected)} and model {self.model.name!r}"
+            + router,
         )
+
+    def _frontend_logged(self, line: str) -> bool:
+        frontend = next(p for p in self.processes if p.name == "frontend")
+        try:
+            return line in frontend.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return False
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first process that has exited."""
