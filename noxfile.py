@@ -75,7 +75,7 @@ def mocker_pre_merge(session: nox.Session) -> None:
 
 @nox.session
 def mocker_nightly(session: nox.Session) -> None:
-    """Every topology's nightly selection (the widest products allowed) on the mocker."""
+    """Every topology's nightly selection (every triple of values, generated) on the mocker."""
     qualify_on_mocker(session, "nightly")
 
 
