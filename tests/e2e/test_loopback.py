@@ -39,7 +39,15 @@ def sockets(deployment):
 
 
 def event_channels(discovery: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in (discovery / "v1" / "event_channels").glob("*")]
+    """The event channels registered so far. Dynamo writes each entry to a hidden temporary
+    file and renames it into place: those are skipped, and one renamed away meanwhile too."""
+    channels = []
+    for path in (discovery / "v1" / "event_channels").glob("[!.]*"):
+        try:
+            channels.append(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+    return channels
 
 
 def zmq_ports(channels: list[dict]) -> set[int]:
