@@ -208,8 +208,8 @@ def qualify_backend(backend: str, selection_name: str, image: str | None, rest: 
     found = container.find_image(backend, image, os.environ, repo) if takes_image else None
     if found is not None:
         return container.main(["--backend", backend, "--image", found[0], "--", *args])
-    argv = [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification"]
-    return subprocess.run([*argv, "--handoff-backend", backend, *args], check=False).returncode
+    argv = container.pytest_command(backend, args, sys.executable)
+    return subprocess.run(argv, check=False).returncode
 
 
 def nightly_run(image: str | None, logs: Path, pytest_args: list[str]) -> int:

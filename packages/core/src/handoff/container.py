@@ -181,9 +181,10 @@ def install_command(backend: str) -> list[str]:
     ]  # fmt: skip
 
 
-def pytest_command(backend: str, args: Sequence[str]) -> list[str]:
+def pytest_command(backend: str, args: Sequence[str], python: str = "python") -> list[str]:
+    """The qualification suite for `backend`, run by `python` (the container's by default)."""
     return [
-        "python", "-m", "pytest", "--pyargs", "handoff.qualification",
+        python, "-m", "pytest", "--pyargs", "handoff.qualification",
         "--handoff-backend", backend, *args,
     ]  # fmt: skip
 

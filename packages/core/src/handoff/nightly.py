@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from handoff.container import pytest_command
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend, load
 
@@ -67,8 +68,7 @@ def run_backend(name: str, run_dir: Path, image: str | None, pytest_args: list[s
     junit = run_dir / f"{name}-nightly.xml"
     args = ["--handoff-selection", "nightly", f"--junitxml={junit}", *pytest_args]
     if image is None:
-        argv = [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification"]
-        argv += ["--handoff-backend", name, *args]
+        argv = pytest_command(name, args, sys.executable)
     else:
         argv = [sys.executable, "-m", "handoff.container", "--backend", name, "--image", image]
         argv += ["--", *args]
