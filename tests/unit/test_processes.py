@@ -34,3 +34,40 @@ def test_missing_binary_is_named(tmp_path):
     process = ManagedProcess("ghost", ["no-such-binary-here"], {}, tmp_path / "ghost.log")
     with pytest.raises(HandoffError, match="no-such-binary-here not found"):
         process.start()
+
+
+#: A parent that starts a child, prints the child's pid, and sleeps: as dynamo.vllm starts
+#: its VLLM::EngineCore.
+PARENT = [
+    "python3", "-c",
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(300)\n",
+]  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+def child_pid(process: ManagedProcess) -> int:
+    def printed():
+        text = process.log_path.read_text() if process.log_path.exists() else ""
+        return (int(text.split()[0]) if text.strip() else None), text
+
+    return poll_until(printed, Deadline(10), "the parent to print its child's pid")
+
+
+def test_a_child_orphaned_before_it_was_seen_is_still_killed(tmp_path):
+    """The parent is SIGKILLed (by a fault, or a crash) before handoff ever listed its tree: the
+    child, re-parented to init, is found by the process group it kept."""
+    process = ManagedProcess("parent", PARENT, {"PATH": "/usr/bin:/bin"}, tmp_path / "p.log")
+    process.start()
+    orphan = child_pid(process)
+    psutil.Process(process.pid).kill()  # the parent alone, as a crash would
+    process.popen.wait()
+    assert alive(orphan) and psutil.Process(orphan).ppid() != process.pid
+    process.kill()
+    assert process.wait_gone(Deadline(10)) == []
+    assert not alive(orphan)

@@ -40,7 +40,7 @@ def test_asking_for_an_unsupported_topology_says_why(topology, why):
 
 
 def test_handoff_cases_shows_the_reason(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "configured_backend", lambda name: AggregateOnly())
+    monkeypatch.setattr(cli, "configured_backend", lambda name, overrides=None: AggregateOnly())
     assert cli.main(["cases", "--backend", "aggregate-only"]) == 0
     out = capsys.readouterr().out
     assert "# prefill: not run by aggregate-only: this engine cannot migrate" in out

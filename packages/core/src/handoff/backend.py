@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sum
+from handoff.settings import Configuration, Setting
 
 if TYPE_CHECKING:
     from handoff.cases import Case, Restriction
     from handoff.processes import ManagedProcess
-    from handoff.settings import Configuration
 
 #: Dynamo's runtime exports this on every worker's system port, whatever the engine.
 INFLIGHT = "dynamo_component_inflight_requests"
@@ -73,7 +73,9 @@ class Backend(ABC):
     - `migration_counts`: "exact" when the frontend's migration counters must equal the
       expectation, "lower_bound" when the engine may legitimately migrate more than once;
     - `defaults`: default settings, overridable by a team's [tool.handoff] and the command
-      line; `case_timeout_s` (the timeout marker) and `startup_timeout_s` at least.
+      line; `case_timeout_s` (the timeout marker) and `startup_timeout_s` at least;
+    - `devices`: where a backend that offers more than one place to run its workers can run
+      them, each with what runs there; the `device` setting picks one.
     """
 
     name: str
@@ -87,6 +89,8 @@ class Backend(ABC):
     #: Same request, same output (temperature 0, fixed seed): the migrated text is compared
     #: with an undisturbed baseline of the same request.
     deterministic: ClassVar[bool] = False
+    #: Every streamed frame holds exactly one token (an engine that never coalesces tokens).
+    one_token_per_frame: ClassVar[bool] = False
     #: Why not, for the verdict's note, when `deterministic` is False.
     nondeterministic_because: ClassVar[str] = "its output is not deterministic"
     #: A counter of completed KV transfers that decode workers export on their system port:
@@ -101,11 +105,34 @@ class Backend(ABC):
         "model", "model_path", "model_cache", "image", "max_tokens",
         "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
     )  # fmt: skip
+    #: Device -> what runs there, the default first; empty for a backend with one device.
+    devices: ClassVar[Mapping[str, str]] = {}
+    #: Device -> the defaults that differ there from `defaults` (a team's settings still win).
+    device_defaults: ClassVar[Mapping[str, Mapping[str, object]]] = {}
     configuration: Configuration | None = None
 
     def configure(self, configuration: Configuration) -> None:
-        """Adopt the effective settings (resolved by core) before any case runs."""
-        self.configuration = configuration
+        """Adopt the effective settings (resolved by core) before any case runs, with the
+        chosen device's own defaults in place of the backend's."""
+        chosen = configuration.values.get("device")
+        if chosen is not None and chosen.value not in self.devices:
+            offered = f"use {' or '.join(self.devices)}" if self.devices else "it has one device"
+            raise HandoffError(
+                f"device {chosen.value!r} ({chosen.source}) is not one the {self.name} "
+                f"backend runs on: {offered}"
+            )
+        device = str(chosen.value) if chosen is not None else next(iter(self.devices), "")
+        values = dict(configuration.values)
+        default = f"{self.name} backend default"
+        for key, value in self.device_defaults.get(device, {}).items():
+            if key not in values or values[key].source == default:
+                values[key] = Setting(value, f"{default} on {device}")
+        self.configuration = Configuration(configuration.backend, values)
+
+    @property
+    def device(self) -> str:
+        """The device the workers run on: the `device` setting, else the first offered."""
+        return str(self.setting("device") or next(iter(self.devices), ""))
 
     def setting(self, key: str) -> object:
         """The effective value of `key`: the team's setting, else this backend's default."""

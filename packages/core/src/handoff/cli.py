@@ -32,6 +32,8 @@ from handoff.nightly import print_table, run_nightly
 from handoff.plugins import configured_backend, load
 from handoff.settings import KEYS
 
+DEVICE_HELP = "the device whose cases and settings to show (default: the device setting)"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="handoff", description=__doc__)
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("backends", help="installed backends, versions and topologies")
     cases = commands.add_parser("cases", help="case ids of a backend's selection")
     cases.add_argument("--backend", required=True)
+    cases.add_argument("--device", help=DEVICE_HELP)
     cases.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
     cases.add_argument(
         "--topology", action="append", help="repeatable; default: every topology there is"
@@ -52,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         "coverage", help="a selection's promise, whether it holds, and which row covers what"
     )
     coverage.add_argument("--backend", required=True)
+    coverage.add_argument("--device", help=DEVICE_HELP)
     coverage.add_argument("--topology", required=True)
     coverage.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
     config = commands.add_parser("config", help="a backend's effective settings and sources")
     config.add_argument("--backend", required=True)
+    config.add_argument("--device", help=DEVICE_HELP)
     qualify = commands.add_parser(
         "qualify",
         help="run a backend's selection: inside its runtime image when one is set, else here",
@@ -82,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "backends":
             return list_backends()
         if args.command == "coverage":
-            return show_coverage(args.backend, args.topology, args.selection)
+            return show_coverage(args.backend, args.device, args.topology, args.selection)
         if args.command == "config":
-            return show_config(args.backend)
+            return show_config(args.backend, args.device)
         if args.command == "qualify":
             return qualify_backend(
                 args.backend, args.selection, args.image, [a for a in extra if a != "--"]
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return report.report(args.run_dir)
         if args.command == "doctor":
             return doctor.main()
-        return list_cases(args.backend, args.topology, args.selection)
+        return list_cases(args.backend, args.device, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)
         return 2
@@ -115,10 +120,24 @@ def list_backends() -> int:
     return 1 if loaded.broken else 0
 
 
-def list_cases(backend_name: str, topologies: list[str] | None, selection_name: str) -> int:
-    """Each topology's cases under a `#` header with its promise, or why the backend skips it;
-    each case with its markers. Exits 1 when a selection breaks its promise."""
-    backend = configured_backend(backend_name)
+def on_device(backend_name: str, device: str | None) -> Backend:
+    """The backend configured from the settings, on `device` when the command line names one."""
+    return configured_backend(backend_name, {"device": (device, "--device")})
+
+
+def list_cases(
+    backend_name: str, device: str | None, topologies: list[str] | None, selection_name: str
+) -> int:
+    """The device (for a backend with several) and what each runs; each topology's cases
+    under a `#` header with its promise, or why the backend skips it; each case with its
+    markers. Exits 1 when a selection breaks its promise."""
+    backend = on_device(backend_name, device)
+    if backend.devices:
+        assert backend.configuration is not None
+        source = backend.configuration.values["device"].source
+        print(f"# device: {backend.device} (from {source}); --device picks another")
+        for name, runs in backend.devices.items():
+            print(f"#   {name}: {runs}")
     broken = False
     for name in topologies or list(TOPOLOGIES):
         topology(name)
@@ -153,10 +172,12 @@ def case_line(backend: Backend, case: Case, selection_name: str, published: set[
     return f"{case.id}  {selection_name} {markers}" + ("  added" if added else "")
 
 
-def show_coverage(backend_name: str, topology_name: str, selection_name: str) -> int:
+def show_coverage(
+    backend_name: str, device: str | None, topology_name: str, selection_name: str
+) -> int:
     """The selection's rows, its promise and whether it holds, and for every promised pair (or
     triple, or value) the first row that covers it. Exits 1 when the promise is broken."""
-    backend = configured_backend(backend_name)
+    backend = on_device(backend_name, device)
     backend.roles(topology(topology_name).name)  # not run by this backend: says why
     chosen = selection(topology_name, selection_name, backend)
     kept = promise(topology_name, selection_name)
@@ -181,9 +202,9 @@ def show_coverage(backend_name: str, topology_name: str, selection_name: str) ->
     return 1 if missing else 0
 
 
-def show_config(backend_name: str) -> int:
+def show_config(backend_name: str, device: str | None) -> int:
     """Every setting's effective value and where it came from."""
-    backend = configured_backend(backend_name)
+    backend = on_device(backend_name, device)
     table = Table(title=f"{backend_name} settings")
     for column in ("setting", "value", "from"):
         table.add_column(column, no_wrap=True)

@@ -31,8 +31,9 @@ def missing_modules(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-def require_engine(backend: str, *modules: str) -> None:
-    """Fail with one line naming everything `backend` lacks here: a GPU, its packages."""
+def require_engine(backend: str, *modules: str, elsewhere: str = "") -> None:
+    """Fail with one line naming everything `backend` lacks here: a GPU, its packages.
+    `elsewhere` names another way to run it (a CPU session), where there is one."""
     missing = []
     count, why = gpu_count()
     if not count:
@@ -42,8 +43,14 @@ def require_engine(backend: str, *modules: str) -> None:
         raise HandoffError(
             f"the {backend} backend cannot run here: {'; '.join(missing)}. Run it on a GPU "
             f"machine with {' and '.join(modules)} installed, or inside its runtime container "
-            f"(nox -s {backend}_pre_merge -- --image IMAGE)"
+            f"(nox -s {backend}_pre_merge -- --image IMAGE){elsewhere}"
         )
+
+
+def require_modules(what: str, modules: tuple[str, ...], fix: str) -> None:
+    """Fail with one line naming the modules of `modules` that `what` lacks here."""
+    if missing := missing_modules(*modules):
+        raise HandoffError(f"{what} cannot run here: {', '.join(missing)} not installed; {fix}")
 
 
 def require_binary(name: str, fix: str) -> str:

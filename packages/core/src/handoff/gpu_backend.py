@@ -145,8 +145,12 @@ class DynamoGpuBackend(Backend):
                 f"{CONTEXT_TOKENS}-token context of the {self.name} workers with the "
                 f"{prompt_tokens}-token prompt: set it to {CONTEXT_TOKENS - prompt_tokens} or less"
             )
-        text_tokens = prompt_tokens - (CHAT_TEMPLATE_TOKENS if case.api == "chat" else 0)
-        return Shape(prompt_text(text_tokens), prompt_tokens, max_tokens)
+        return Shape(self.prompt(prompt_tokens, case.api), prompt_tokens, max_tokens)
+
+    def prompt(self, tokens: int, api: str) -> str:
+        """A prompt the engine prefills as `tokens` tokens of the default model (Qwen3), its
+        chat template included for a chat request."""
+        return prompt_text(tokens - (CHAT_TEMPLATE_TOKENS if api == "chat" else 0))
 
     def markers(self, case: Case) -> dict[str, float]:
         timeout = self.setting("case_timeout_s") or self.timeouts[case.topology]

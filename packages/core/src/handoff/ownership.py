@@ -5,8 +5,10 @@ Every process handoff starts is recorded in a file named by its pid, with its st
 the pid and start time of the process that owns it (the pytest process that started it). A
 record is dropped once the process is gone. A record whose owner no longer exists is an orphan:
 `reap_orphans` kills the recorded process group, and only if the recorded process is still the
-same one (same start time), never by name. Records of a live owner (another run going on at
-the same time) are left alone.
+same one (same start time), or is gone while members of its group live on (children of a
+SIGKILLed parent keep its group, and Linux hands out no pid that a living group uses as its
+id), never by name. Records of a live owner (another run going on at the same time) are left
+alone.
 """
 
 from __future__ import annotations
@@ -71,11 +73,21 @@ def reap_orphans() -> list[str]:
             continue  # being written by a live run right now, or not ours to judge
         if _same(entry["owner"], entry["owner_started"]):
             continue
-        if _same(entry["pid"], entry["started"]):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+        leader = _same(entry["pid"], entry["started"])
+        if leader or not psutil.pid_exists(entry["pid"]):
+            try:
                 os.killpg(entry["pid"], signal.SIGKILL)  # its own session and group
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(entry["pid"]).kill()
-            reaped.append(f"{entry['name']} (pid {entry['pid']}, owner pid {entry['owner']})")
+            except (ProcessLookupError, PermissionError):
+                killed = False  # no member left (or not ours)
+            else:
+                killed = True
+            if leader:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(entry["pid"]).kill()
+            if leader or killed:
+                what = "" if leader else ", the group its children kept"
+                reaped.append(
+                    f"{entry['name']} (pid {entry['pid']}{what}, owner pid {entry['owner']})"
+                )
         path.unlink(missing_ok=True)
     return reaped

@@ -64,7 +64,9 @@ class ManagedProcess:
         """This process and its descendants that are still alive, remembered across calls.
 
         Descendants are remembered so that children orphaned by the parent's death are still
-        found later: they are ours because we saw them under our pid.
+        found later: they are ours because we saw them under our pid. So are the members of
+        our process group, which children keep when their parent dies before we saw them (a
+        SIGKILLed dynamo.vllm leaves its VLLM::EngineCore running, re-parented to init).
         """
         if self.popen is not None and self.popen.poll() is None:
             try:
@@ -72,7 +74,17 @@ class ManagedProcess:
                     self._known.setdefault(child.pid, child)
             except psutil.NoSuchProcess:
                 pass
+        for member in self._group():
+            self._known.setdefault(member.pid, member)
         return [p for p in self._known.values() if self._alive(p)]
+
+    def _group(self) -> list[psutil.Process]:
+        """The processes in the group we created (start_new_session: its id is our pid), while
+        that id is still ours: our leader is alive, or gone with no process reusing its pid
+        (Linux never hands out a pid that a living group still uses as its id)."""
+        if self.popen is None or (self.popen.poll() is not None and psutil.pid_exists(self.pid)):
+            return []
+        return group_members(self.pid)
 
     def _alive(self, proc: psutil.Process) -> bool:
         """Our own child counts until it is reaped: a killed multi-threaded process shows as a
@@ -107,7 +119,7 @@ class ManagedProcess:
     def kill(self) -> None:
         """SIGKILL the tree and its process group; `wait_gone` then waits for them."""
         self.tree()
-        if self.popen is not None and self.popen.poll() is None:
+        if self._group() or (self.popen is not None and self.popen.poll() is None):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
         self.signal_tree(signal.SIGKILL)
@@ -118,6 +130,16 @@ class ManagedProcess:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def group_members(group: int) -> list[psutil.Process]:
+    """The living processes whose process group is `group`."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == group:
+                members.append(proc)
+    return members
 
 
 def _pids(procs: list[psutil.Process]) -> str:

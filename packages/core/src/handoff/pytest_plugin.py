@@ -62,6 +62,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seconds between SIGTERM and SIGKILL in graceful_shutdown cases "
         "(default: graceful_bound_s of [tool.handoff], else 2)",
     )
+    group.addoption(
+        "--handoff-device",
+        help="device the backend's workers run on, for a backend that offers more than one "
+        "(vllm: cuda or cpu; default: the device setting of [tool.handoff], else the first)",
+    )
     scheduling.add_options(group)
 
 
@@ -140,7 +145,11 @@ def chosen_backend(config: pytest.Config) -> Backend:
             "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker"
         )
     overrides = {
-        "graceful_bound_s": (config.getoption("handoff_graceful_bound"), "--handoff-graceful-bound")
+        "graceful_bound_s": (
+            config.getoption("handoff_graceful_bound"),
+            "--handoff-graceful-bound",
+        ),
+        "device": (config.getoption("handoff_device"), "--handoff-device"),
     }
     return configured_backend(name, overrides, Path(config.rootpath))
 

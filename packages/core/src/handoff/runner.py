@@ -179,6 +179,7 @@ def exercise(
             backend.output_tokens,
             baseline,
             backend.nondeterministic_because,
+            backend.one_token_per_frame,
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes

@@ -27,6 +27,10 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "model_path": (str, "a local folder with the model's weights (default: fetch `model`)"),
     "model_cache": (str, "host folder of the model cache, mounted into the runtime container"),
     "image": (str, "runtime container image the GPU sessions run inside"),
+    "device": (
+        str,
+        "where the workers run, for a backend that offers more than one (vllm: cuda or cpu)",
+    ),
     "max_tokens": (dict, "output tokens per topology, e.g. { aggregate = 512 }"),
     "graceful_bound_s": ((int, float), "seconds between SIGTERM and SIGKILL"),
     "case_timeout_s": ((int, float), "the most one case may take, start-up to teardown"),

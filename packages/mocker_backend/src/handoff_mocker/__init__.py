@@ -21,6 +21,7 @@ from handoff.backend import Backend, Launch, Model, Shape
 from handoff.cases import Case
 from handoff.errors import HandoffError
 from handoff.hookspecs import hookimpl
+from handoff.word_tokenizer import count, prompt
 from handoff_mocker.model import write_model
 
 MODEL_NAME = "handoff-mocker"
@@ -64,11 +65,6 @@ TIMINGS = {
 }
 
 
-def prompt(tokens: int) -> str:
-    """Words of the mocker model's vocabulary: exactly one token each, no template tokens."""
-    return " ".join(f"t{100 + i % 900}" for i in range(tokens))
-
-
 class MockerBackend(Backend):
     name = "mocker"
     version = version("handoff-mocker")
@@ -86,6 +82,8 @@ class MockerBackend(Backend):
     #: benchmarks/RESULTS.md); a case mostly waits on its request and its fault.
     cpus_per_case = 0.5
     nondeterministic_because = "the mocker draws each token at random"
+    #: The mocker emits one token per step and the frontend forwards each in its own frame.
+    one_token_per_frame = True
     uses_settings = ("max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s")
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
@@ -130,8 +128,8 @@ class MockerBackend(Backend):
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 
     def output_tokens(self, text: str) -> int:
-        """Each token of the mocker's model is one word `tN` (handoff_mocker.model)."""
-        return len(text.split())
+        """Each token of the mocker's model is one word `tN` (handoff.word_tokenizer)."""
+        return count(text)
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = TIMINGS[(case.topology, case.fault)]

