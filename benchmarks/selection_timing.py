@@ -2,6 +2,7 @@
 from launch to ready, the request, fault to completed response, and the total.
 
     python benchmarks/selection_timing.py [--workers 1 2 4 8] [--selection pre_merge]
+        [--backend mocker] [--device DEVICE]
 
 A case's floor is its ready time plus its request's own time, measured in the same run; the
 ratio column is total / floor (the harness's overhead: proofs, counters, teardown).
@@ -24,7 +25,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--selection", default="pre_merge")
     parser.add_argument("--backend", default="mocker")
+    parser.add_argument("--device", help="the backend's device, e.g. cpu for vllm")
     args = parser.parse_args()
+    device = ["--handoff-device", args.device] if args.device else []
     print(
         f"{platform.node()} {platform.machine()}, {psutil.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, {args.backend} {args.selection}"
@@ -35,7 +38,7 @@ def main() -> int:
         for n in args.workers:
             run = run_selection(
                 Path(tmp) / f"n{n}.xml", n,
-                "--handoff-backend", args.backend, "--handoff-selection", args.selection,
+                "--handoff-backend", args.backend, "--handoff-selection", args.selection, *device,
             )  # fmt: skip
             runs[n] = run
             bad = [k for k, c in run.cases.items() if not c.passed]
@@ -44,6 +47,7 @@ def main() -> int:
             print(
                 f"-n {n}: {len(run.cases) - len(bad)}/{len(run.cases)} passed, "
                 f"wall {run.wall_s:5.1f} s, CPU {run.cpu_s:5.1f} s, "
+                f"CPUs a case {run.cpu_s / run.wall_s / n:.2f}, "
                 f"peak RSS {run.peak_rss_mib:6.0f} MiB, "
                 f"worst total/floor {worst:.2f}",
                 flush=True,

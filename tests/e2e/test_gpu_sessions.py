@@ -19,6 +19,8 @@ def test_qualify_without_a_gpu_fails_at_collection_naming_what_is_missing(backen
     lines = [line for line in result.stdout.splitlines() if line.startswith(reason)]
     assert len(lines) == 1, result.stdout[-2000:]
     assert f"nox -s {backend}_pre_merge -- --image IMAGE" in lines[0]
+    if backend == "vllm":  # the one GPU backend that also runs on CPUs says where
+        assert "on CPUs: nox -s vllm_cpu_pre_merge (device cpu)" in lines[0]
     assert "collected 0 items / 1 error" in result.stdout
 
 

@@ -67,9 +67,11 @@ def normalized(text: str, folder: Path) -> str:
     return text.replace(sys.executable, "<python>").replace(str(folder), "<case folder>")
 
 
-def golden_view(backend: DynamoGpuBackend, folder: Path) -> dict:
+def golden_view(
+    backend: DynamoGpuBackend, folder: Path, topologies: tuple[str, ...] = GPU_TOPOLOGIES
+) -> dict:
     view = {}
-    for topology in GPU_TOPOLOGIES:
+    for topology in topologies:
         case = first_case(backend, topology)
         here = folder / topology
         workers = []

@@ -80,7 +80,11 @@ class VllmBackend(DynamoGpuBackend):
     uses_settings = (*DynamoGpuBackend.uses_settings, "device")
     defaults = {**DynamoGpuBackend.defaults, "device": "cuda"}
     device_defaults = {
-        "cpu": {"model": tiny_model.NAME, "startup_timeout_s": cpu.STARTUP_TIMEOUT_S}
+        "cpu": {
+            "model": tiny_model.NAME,
+            "startup_timeout_s": cpu.STARTUP_TIMEOUT_S,
+            "max_tokens": cpu.OUTPUT_TOKENS,
+        }
     }
     gpu_unsupported = {
         "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
@@ -115,6 +119,10 @@ class VllmBackend(DynamoGpuBackend):
     @property
     def unsupported(self) -> Mapping[str, str]:  # type: ignore[override]
         return {**self.gpu_unsupported, **(cpu.UNSUPPORTED if self.on_cpu else {})}
+
+    @property
+    def context_tokens(self) -> int:  # type: ignore[override]
+        return cpu.CONTEXT_TOKENS if self.on_cpu else CONTEXT_TOKENS
 
     @property
     def builds_model(self) -> bool:
@@ -164,7 +172,7 @@ class VllmBackend(DynamoGpuBackend):
             "--model", self.model_source(model),
             "--served-model-name", model.name,
             "--enforce-eager",
-            "--max-model-len", str(CONTEXT_TOKENS),
+            "--max-model-len", str(self.context_tokens),
             "--max-num-seqs", "1",
         ]  # fmt: skip
         if self.on_cpu:

@@ -1,0 +1,91 @@
+"""A qualification run in its own pytest process, with its own process records, port leases
+and logs, that a test can interrupt (Ctrl-C, SIGTERM) or kill mid-case, then check that
+nothing the run started is alive, every lease is free, and the next run starts clean. Shared by
+the mocker's interrupt tests and the vLLM CPU engine's."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from handoff.polling import Deadline, poll_until
+from handoff.ports import bindable
+
+
+class IsolatedRuns:
+    def __init__(self, tmp_path: Path, case: str, backend_args: list[str], timeout_s: float):
+        self.folders = {name: tmp_path / name for name in ("records", "leases", "runs")}
+        self.env = {
+            **os.environ,
+            "HANDOFF_STATE_DIR": str(self.folders["records"]),
+            "HANDOFF_PORT_LEASES": str(self.folders["leases"]),
+        }
+        self.env.pop("HANDOFF_RUN_DIR", None)
+        self.topology, self.case = case.split("/")
+        self.backend_args = backend_args
+        self.timeout_s = timeout_s
+
+    def pytest(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
+                "-p", "no:cacheprovider", *self.backend_args, *args]  # fmt: skip
+
+    def start(self) -> subprocess.Popen[str]:
+        command = self.pytest(
+            "--handoff-logs", str(self.folders["runs"]), "-k", self.case,
+            "--handoff-topology", self.topology,
+        )  # fmt: skip
+        return subprocess.Popen(
+            command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def recorded(self) -> dict[int, float]:
+        out = {}
+        for path in self.folders["records"].glob("*.json"):
+            try:
+                entry = json.loads(path.read_text())
+            except ValueError:
+                continue  # being written
+            out[entry["pid"]] = entry["started"]
+        return out
+
+    def wait_for_deployment(self, processes: int = 3) -> dict[int, float]:
+        """The frontend and both workers are recorded: the case is in its middle."""
+        return poll_until(
+            lambda: (seen, None) if len(seen := self.recorded()) >= processes else (None, seen),
+            Deadline(self.timeout_s),
+            f"the run to record {processes} processes",
+        )
+
+    def assert_clean(self, started: dict[int, float]) -> None:
+        assert not [p for p, t in started.items() if alive(p, t)], "processes left running"
+        assert self.recorded() == {}
+        leases = list(self.folders["leases"].glob("*.lock"))
+        assert leases, "the run leased no port"
+        for lock in leases:
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds the lease
+            finally:
+                os.close(fd)
+            assert bindable(int(lock.stem)), f"port {lock.stem} still bound"
+
+    def next_run_is_clean(self) -> None:
+        run = self.start()
+        out, _ = run.communicate(timeout=self.timeout_s * 2)
+        assert run.returncode == 0, out[-3000:]
+        assert "left running by a run that no longer exists" not in out
+        assert "1 passed" in out
+
+
+def alive(pid: int, started: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - started) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,165 @@
+"""The verdict paths on the real engine: each misbehaving system fails its case for the right
+reason, on Dynamo's vLLM workers running vLLM's CPU build and handoff's tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import psutil
+import pytest
+from interrupted_runs import IsolatedRuns, alive
+
+from handoff.cases import Case
+from handoff.deployment import Deployment
+from handoff.policies import POLICIES, policy
+from handoff.polling import Deadline, poll_until
+from handoff.processes import group_members
+from handoff.runner import Settings, run_case
+from handoff_vllm import VllmBackend, tiny_model
+
+SETTINGS = Settings(keep_logs=True, startup_timeout_s=300)
+STREAM = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "aggregate")
+TIMEOUT_S = 400
+
+
+def reasons_of(result) -> str:
+    assert not result.verdict.passed
+    return " | ".join(result.verdict.reasons)
+
+
+def test_migration_off_at_the_frontend_fails_a_case_that_expects_it(vllm_cpu, tmp_path):
+    result = run_case(
+        vllm_cpu, STREAM, tmp_path, SETTINGS, TIMEOUT_S,
+        frontend_policy=POLICIES["migration_disabled"],
+    )  # fmt: skip
+    reasons = reasons_of(result)
+    assert "the stream carried an error frame" in reasons
+    assert "migration counter succeeded = 0, expected 1" in reasons
+
+
+class WrongWorker(VllmBackend):
+    """A holder detector that points at the idle worker instead of the one serving."""
+
+    def holders(self, workers):
+        busy = super().holders(workers)
+        return [w for w in workers if w not in busy] if busy else []
+
+
+def test_the_fault_sent_to_the_idle_worker_fails_the_case(vllm_cpu, tmp_path):
+    wrong = WrongWorker()
+    wrong.configure(vllm_cpu.configuration)
+    result = run_case(wrong, STREAM, tmp_path, SETTINGS, TIMEOUT_S)
+    faulted = next(e for e in result.history.events if e.name == "fault_sent").data["worker"]
+    reasons = reasons_of(result)
+    assert f"{faulted}, which was faulted, was not serving the request" in reasons
+    assert "migration counter ongoing_request = 0, expected 1" in reasons
+
+
+class OtherWeights(VllmBackend):
+    """The second worker serves the same model name with weights of another seed: a migration
+    between the two continues the text with another model's tokens."""
+
+    launched = 0
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        self.launched += 1
+        if self.launched == 1:
+            return launch
+        argv = list(launch.argv)
+        argv[argv.index("--model") + 1] = str(tiny_model.ensure(seed=1))
+        return type(launch)(argv, launch.env)
+
+
+def test_a_worker_with_other_weights_breaks_exact_continuity(vllm_cpu, tmp_path):
+    other = OtherWeights()
+    other.configure(vllm_cpu.configuration)
+    result = run_case(other, STREAM, tmp_path, SETTINGS, TIMEOUT_S)
+    reasons = reasons_of(result)
+    assert "the migrated text departs from the undisturbed baseline at token " in reasons
+
+
+def test_a_sigkilled_worker_leaves_its_engine_core_and_teardown_removes_it(vllm_cpu, tmp_path):
+    """The leak is real: SIGKILL to dynamo.vllm alone leaves VLLM::EngineCore running under
+    init. Teardown still finds it, by the process group it kept, and kills it."""
+    case = Case.from_id("migration_enabled-worker_failure-completion-unary-tcp", "aggregate")
+    deployment = Deployment(vllm_cpu, case, tmp_path, policy(case.policy), ("aggregate",))
+    try:
+        deployment.start(Deadline(300))
+        (worker,) = deployment.workers
+        engine = poll_until(
+            lambda: (
+                (found[0], None)
+                if (found := psutil.Process(worker.process.pid).children())
+                else (None, "no child yet")
+            ),
+            Deadline(10),
+            "the worker's engine process",
+        )
+        started = engine.create_time()
+        os.kill(worker.process.pid, signal.SIGKILL)  # the parent alone, as a crash would
+        worker.process.popen.wait()
+        assert alive(engine.pid, started), "the engine died with its parent: no leak to test"
+        assert engine.pid in [p.pid for p in group_members(worker.process.pid)]
+    finally:
+        problems = deployment.stop()
+    assert problems == []
+    assert not alive(engine.pid, started)
+
+
+@pytest.fixture
+def runs(tmp_path) -> IsolatedRuns:
+    backend = ["--handoff-backend", "vllm", "--handoff-device", "cpu"]
+    return IsolatedRuns(tmp_path, STREAM.key, backend, timeout_s=300)
+
+
+def engine_processes(runs: IsolatedRuns) -> dict[int, float]:
+    """Every process in the groups of the recorded ones, each worker's engine included."""
+
+    def probe():
+        found = members(runs)
+        engines = [p for p in found if "EngineCore" in " ".join(p.cmdline())]
+        return (found if len(engines) >= 2 else None), f"{len(engines)} engine processes"
+
+    found = poll_until(probe, Deadline(300), "both workers' engine processes")
+    return {p.pid: p.create_time() for p in found}
+
+
+def members(runs: IsolatedRuns) -> list[psutil.Process]:
+    found = []
+    for pid in runs.recorded():
+        found += group_members(pid)
+    return found
+
+
+def test_ctrl_c_leaves_no_engine_process(runs):
+    run = runs.start()
+    runs.wait_for_deployment()
+    started = engine_processes(runs)
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode != 0, out[-2000:]
+    runs.assert_clean(started)
+
+
+def test_a_killed_run_is_reaped_by_the_next_engines_included(runs):
+    run = runs.start()
+    runs.wait_for_deployment()
+    started = engine_processes(runs)
+    run.kill()  # no teardown at all
+    run.communicate(timeout=30)
+    assert all(alive(p, t) for p, t in started.items())
+    after = subprocess.run(
+        runs.pytest("--collect-only", "-q"), env=runs.env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert "handoff: killed " in after.stdout, after.stdout[-2000:]
+    poll_until(
+        lambda: (True, None) if not [p for p, t in started.items() if alive(p, t)] else (None, 0),
+        Deadline(15),
+        "the reaped processes, engines included, to exit",
+    )
+    runs.assert_clean(started)
+    runs.next_run_is_clean()
