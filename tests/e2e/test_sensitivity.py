@@ -339,3 +339,16 @@ def test_a_migrated_text_that_departs_from_the_baseline_fails(tmp_path, response
     assert names.index("baseline_finished") < names.index("request_sent")
     assert "in_flight_proven" in names  # the baseline's tokens did not count as the case's
     assert_ports_free(result)
+
+
+def test_a_baseline_request_is_not_counted_as_the_cases_own(tmp_path):
+    """The frontend counts a prompt over --migration-max-seq-len when the request arrives, so a
+    deterministic backend's undisturbed baseline bumps max_seq_len_exceeded too (seen on vLLM:
+    "= 2, expected 1"). Only what the case's own request adds is judged: the case passes."""
+    case = Case.from_id("max_seq_len_exceeded-worker_failure-completion-stream-tcp")
+    result = run_case(DeclaredDeterministic(), case, tmp_path, SETTINGS, timeout_s=60)
+    assert result.verdict.passed, result.verdict.reasons
+    counted = next(e for e in result.history.events if e.name == "metrics_read").data["counts"]
+    assert counted["max_seq_len_exceeded"] == 1
+    names = [e.name for e in result.history.timeline()]
+    assert names.index("baseline_finished") < names.index("request_sent")

@@ -82,5 +82,10 @@ class MigrationCounts:
             failed=count(MIGRATION_DURATION_COUNT, outcome="failure"),
         )
 
+    def since(self, before: MigrationCounts) -> MigrationCounts:
+        """What the counters rose by after `before` was read."""
+        now, then = self.as_dict(), before.as_dict()
+        return MigrationCounts(**{k: now[k] - then[k] for k in now})
+
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -120,8 +120,10 @@ def exercise(
     baseline = (
         undisturbed(deployment, request, deadline, history) if backend.deterministic else None
     )
-    # Counters read now, so that only the case's own request counts (not a baseline's).
+    # Counters read now, so that only the case's own request counts, not the baseline's: the
+    # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
+    counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
     transfers_before = decode_transfers(deployment)
     inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
     history.record(
@@ -165,10 +167,12 @@ def exercise(
     )
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
     history.record("worker_gone", signals=list(fault.signals))
-    await_response(inflight, metrics_url, model, deadline, history)
+    await_response(inflight, metrics_url, model, counts_before, deadline, history)
     record_response(inflight, history)
     expected = expected_outcome(where.fault_window, case.policy)
-    counts = settled_counts(metrics_url, model, expected, backend.migration_counts, deadline)
+    counts = settled_counts(
+        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
+    )
     history.record("metrics_read", counts=counts.as_dict())
     response = inflight.response
     notes = []
@@ -219,14 +223,20 @@ def decode_transfers(deployment: Deployment) -> float:
 
 
 def await_response(
-    inflight: InFlight, metrics_url: str, model: str, deadline: Deadline, history: History
+    inflight: InFlight,
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+    history: History,
 ) -> None:
     """Wait for the response to end, noting when the frontend first counts a migration."""
     seen: list[metrics.MigrationCounts] = []
 
     def probe() -> tuple[bool | None, str]:
         if not seen:
-            counts = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+            scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+            counts = scraped.since(before)
             if counts.ongoing_request + counts.new_request:
                 seen.append(counts)
                 history.record("migration_seen", **counts.as_dict())
@@ -289,15 +299,22 @@ def transfer_evidence(
 
 
 def settled_counts(
-    metrics_url: str, model: str, expected: Outcome, mode: str, deadline: Deadline
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    expected: Outcome,
+    mode: str,
+    deadline: Deadline,
 ) -> metrics.MigrationCounts:
-    """The frontend's counters once they agree with the expectation, or as last seen at the
-    bound. Counters are updated asynchronously to the response, so a reading taken the instant
-    the client finished may lag; a wrong count still fails, with the value seen at the bound."""
+    """What the frontend's counters rose by since `before` (the case's own request), once that
+    agrees with the expectation, or as last seen at the bound. Counters are updated
+    asynchronously to the response, so a reading taken the instant the client finished may lag;
+    a wrong count still fails, with the value seen at the bound."""
     last: list[metrics.MigrationCounts] = []
 
     def probe() -> tuple[metrics.MigrationCounts | None, str]:
-        last[:] = [metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)]
+        scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+        last[:] = [scraped.since(before)]
         agree = not count_problems(expected, last[0], mode)
         return (last[0] if agree else None), str(last[0])
 
