@@ -94,8 +94,34 @@ def test_missing_migration_fails_in_lower_bound_mode_too():
     assert "migration counter ongoing_request = 0, expected at least 1" in verdict.reasons
 
 
-def test_a_response_over_before_the_kill_fails_the_graceful_case():
+def test_a_response_the_drained_worker_finished_before_the_kill_fails_the_case():
+    """Over before the SIGKILL and nothing counted: the drain finished it, the fault came late."""
     late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True)
+    verdict = judge("migration_enabled", streamed(8), counts(0, 0, 0, 0, 0), late, 8, "exact")
+    assert any(
+        "had ended before SIGKILL reached worker-1, and the frontend counted no migration" in r
+        for r in verdict.reasons
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "response", "counted"),
+    [
+        ("migration_enabled", streamed(8), counts()),
+        ("migration_disabled", streamed(3, None, SERVICE_UNAVAILABLE), counts(ok=0, failed=1)),
+    ],
+)
+def test_a_request_handed_over_at_sigterm_passes_though_over_before_the_kill(
+    policy, response, counted
+):
+    """vLLM with no grace period migrates (or refuses to) at the SIGTERM: the fault took
+    effect, and the frontend counted it, before the bound ran out."""
+    moved = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True)
+    assert judge(policy, response, counted, moved, 8, "exact").reasons == []
+
+
+def test_a_sigkill_after_the_response_ended_always_fails():
+    late = FaultReport("worker_failure", "worker-1", 2, ("SIGKILL",), True)
     verdict = judge("migration_enabled", streamed(8), counts(), late, 8, "exact")
     assert any("had ended before SIGKILL" in r for r in verdict.reasons)
 

@@ -32,7 +32,8 @@ from handoff_vllm import VllmBackend, cpu, tiny_model
 #: The engine-native flags of a CPU worker: no GPU-only flag, prefix caching off.
 CPU_NATIVE = {
     "all": {"--model", "--served-model-name", "--enforce-eager", "--max-model-len",
-            "--max-num-seqs", "--block-size", "--no-enable-prefix-caching", "--master-port"},
+            "--max-num-seqs", "--block-size", "--no-enable-prefix-caching",
+            "--distributed-executor-backend", "--master-port"},
     "aggregate": {"--kv-events-config"},
     "prefill": {"--kv-transfer-config", "--kv-events-config"},
     "decode": {"--kv-transfer-config"},
@@ -54,8 +55,7 @@ def on_cpu(**settings: object) -> VllmBackend:
 def test_cpu_worker_launches_match_the_reviewed_golden(tiny, tmp_path):
     """A change here is a change to what runs on vLLM's CPU build: review it, then update
     tests/unit/golden/vllm_cpu.json."""
-    backend = on_cpu()
-    view = golden_view(backend, tmp_path / "cases", tuple(backend.topologies))
+    view = golden_view(on_cpu(), tmp_path / "cases")
     text = json.dumps(view, indent=2).replace(str(tiny), "<tiny model>")
     assert json.loads(text) == json.loads((GOLDEN / "vllm_cpu.json").read_text())
 
@@ -66,19 +66,25 @@ def test_on_cuda_nothing_changes(tmp_path):
     assert golden_view(configured(VllmBackend, device="cuda"), tmp_path) == expected
 
 
+@pytest.mark.parametrize("topology", GPU_TOPOLOGIES)
 @pytest.mark.parametrize("plane", ["nats", "tcp"])
-def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(plane, dynamo_groups, tiny, tmp_path):
+def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(
+    topology, plane, dynamo_groups, tiny, tmp_path
+):
     backend = on_cpu()
-    case = next(c for c in selection("aggregate", "nightly", backend) if c.plane == plane)
+    case = next(c for c in selection(topology, "nightly", backend) if c.plane == plane)
     for worker in render(backend, case, tmp_path):
         argv = worker["argv"][3:]
         args, leftover = dynamo_parser(dynamo_groups, "vllm").parse_known_args(argv)
         assert flags(leftover) == CPU_NATIVE["all"] | CPU_NATIVE.get(worker["role"], set())
         assert args.request_plane == plane and args.discovery_backend == "file"
         assert argv[argv.index("--block-size") + 1] == "32"  # CPU attention: a multiple of 32
+        # The model runs in the engine process: no busy-polled queue to a VLLM::Worker.
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
         assert argv[argv.index("--model") + 1] == str(tiny)
         env = worker["env"]
         assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # else `uni` becomes `mp` on CPUs
         if worker["role"] != "aggregate":
             connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
             assert connector["kv_buffer_device"] == "cpu"
@@ -86,38 +92,30 @@ def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(plane, dynamo_groups,
         assert ports_in(worker) == set(worker["ports"].values())
 
 
-def test_the_cpu_runs_aggregate_and_says_why_not_the_rest(tiny):
-    """Disaggregated workers starve each other on 2 cores (docs/known-issues.md): those
-    topologies are not run on the CPU, with the error seen, and stay on the GPU."""
+def test_the_cpu_runs_what_the_gpu_runs(tiny):
     backend = on_cpu()
-    assert list(backend.topologies) == ["aggregate"]
-    for topology in ("decode", "kv_transfer"):
-        assert "FileStore::keep_alive failed" in backend.why_not(topology)
-        with pytest.raises(HandoffError, match="not run on 2 CPU cores"):
-            backend.roles(topology)
-    assert list(VllmBackend().topologies) == list(GPU_TOPOLOGIES)
+    assert backend.topologies == VllmBackend().topologies
+    assert list(backend.topologies) == list(GPU_TOPOLOGIES)
 
 
 def test_cpu_requests_are_words_of_the_tiny_model(tiny):
-    """One word a token and no chat template: the prompt is exactly its planned tokens, and a
-    3,000-token output outlasts the graceful bound on a tiny model's fast tokens."""
+    """One word a token and no chat template: the prompt is exactly its planned tokens."""
     backend = on_cpu()
     for topology in backend.topologies:
         for case in selection(topology, "nightly", backend):
             shape = backend.shape(case)
             assert word_tokenizer.count(shape.prompt) == shape.prompt_tokens
-            assert shape.prompt_tokens + shape.max_tokens <= cpu.CONTEXT_TOKENS
-    assert backend.shape(first_case(backend, "aggregate")).max_tokens == 3000
     assert backend.output_tokens(" t5 t6 t7") == 3
     assert VllmBackend().output_tokens(" t5 t6") is None  # a real tokenizer: not counted
 
 
 def test_cpu_markers_cpu_timeouts_and_no_gpu_memory(tiny):
     backend = on_cpu()
-    assert backend.markers(first_case(backend, "aggregate")) == {
-        "timeout": cpu.TIMEOUTS["aggregate"],
-        "requested_vllm_kv_cache_bytes": 2**30,
-    }
+    for topology in GPU_TOPOLOGIES:
+        assert backend.markers(first_case(backend, topology)) == {
+            "timeout": cpu.TIMEOUTS[topology],
+            "requested_vllm_kv_cache_bytes": 2**30,
+        }
     assert backend.cpus_per_case == cpu.CPUS_PER_CASE
     assert backend.setting("startup_timeout_s") == cpu.STARTUP_TIMEOUT_S
     assert on_cpu(startup_timeout_s=42.0).setting("startup_timeout_s") == 42.0  # team wins

@@ -92,8 +92,8 @@ def test_a_sigkilled_worker_leaves_its_engine_core_and_teardown_removes_it(vllm_
         engine = poll_until(
             lambda: (
                 (found[0], None)
-                if (found := psutil.Process(worker.process.pid).children())
-                else (None, "no child yet")
+                if (found := engine_children(worker.process.pid))
+                else (None, "no VLLM::EngineCore child yet")
             ),
             Deadline(10),
             "the worker's engine process",
@@ -107,6 +107,10 @@ def test_a_sigkilled_worker_leaves_its_engine_core_and_teardown_removes_it(vllm_
         problems = deployment.stop()
     assert problems == []
     assert not alive(engine.pid, started)
+
+
+def engine_children(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(pid).children() if "EngineCore" in " ".join(p.cmdline())]
 
 
 @pytest.fixture

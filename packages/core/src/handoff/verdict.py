@@ -96,10 +96,18 @@ def judge(
 ) -> Verdict:
     """`evidence`: problems found by topology-specific checks (the KV transfer) to add."""
     problems = []
-    if fault.response_done_at_kill:
+    # A drained worker may hand the request over at SIGTERM already (vLLM with no grace
+    # period: the frontend migrates, or refuses to, at once); then the fault took effect before
+    # the SIGKILL, and the frontend counted it. A response over before the last signal with no
+    # migration counted is a fault that came too late: the request was not in flight.
+    moved_at_sigterm = fault.signals[0] == "SIGTERM" and (
+        counts.ongoing_request + counts.new_request
+    )
+    if fault.response_done_at_kill and not moved_at_sigterm:
         problems.append(
-            f"the response had ended before {fault.signals[-1]} reached {fault.worker}: "
-            f"the request was not in flight at the fault (raise the output length)"
+            f"the response had ended before {fault.signals[-1]} reached {fault.worker}, and "
+            f"the frontend counted no migration: the request was not in flight at the fault "
+            f"(raise the output length)"
         )
     problems += response_problems(expected, policy_name, response, max_tokens)
     if expected.ongoing_request + expected.new_request and not (

@@ -35,7 +35,6 @@ from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
     PREFILL_TOO_SHORT,
-    TOPOLOGIES,
     DynamoGpuBackend,
 )
 from handoff.hookspecs import hookimpl
@@ -83,10 +82,9 @@ class VllmBackend(DynamoGpuBackend):
         "cpu": {
             "model": tiny_model.NAME,
             "startup_timeout_s": cpu.STARTUP_TIMEOUT_S,
-            "max_tokens": cpu.OUTPUT_TOKENS,
         }
     }
-    gpu_unsupported = {
+    unsupported = {
         "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         + PREFILL_TOO_SHORT
     }
@@ -108,21 +106,6 @@ class VllmBackend(DynamoGpuBackend):
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
-
-    @property
-    def topologies(self) -> Mapping[str, tuple[str, ...]]:  # type: ignore[override]
-        """What the device runs: on the CPU, aggregate only (handoff_vllm.cpu.UNSUPPORTED)."""
-        if not self.on_cpu:
-            return TOPOLOGIES
-        return {t: roles for t, roles in TOPOLOGIES.items() if t not in cpu.UNSUPPORTED}
-
-    @property
-    def unsupported(self) -> Mapping[str, str]:  # type: ignore[override]
-        return {**self.gpu_unsupported, **(cpu.UNSUPPORTED if self.on_cpu else {})}
-
-    @property
-    def context_tokens(self) -> int:  # type: ignore[override]
-        return cpu.CONTEXT_TOKENS if self.on_cpu else CONTEXT_TOKENS
 
     @property
     def builds_model(self) -> bool:
@@ -172,7 +155,7 @@ class VllmBackend(DynamoGpuBackend):
             "--model", self.model_source(model),
             "--served-model-name", model.name,
             "--enforce-eager",
-            "--max-model-len", str(self.context_tokens),
+            "--max-model-len", str(CONTEXT_TOKENS),
             "--max-num-seqs", "1",
         ]  # fmt: skip
         if self.on_cpu:

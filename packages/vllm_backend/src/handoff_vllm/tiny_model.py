@@ -1,10 +1,25 @@
-"""The vLLM backend's built-in model: handoff's word-level tokenizer and random float32 Llama
-weights from a fixed seed. It needs no download, and at temperature 0 it answers the same
-request with the same tokens every time, which is all a migration test asks of a model.
+"""The vLLM backend's built-in model: handoff's word-level tokenizer and a float32 Llama whose
+weights come from a fixed seed. It needs no download, and at temperature 0 it answers the same
+request with the same tokens every time, before and after a migration.
 
-The dimensions are the smallest vLLM's CPU attention accepts: head_dim 64 (it refused 16) in
-2 layers. Made once per recipe and seed into a cache folder, by a child process (torch stays
-out of the harness), under a file lock so that parallel cases wait for one maker.
+Purely random weights are not enough for that: their logits are nearly flat, so the argmax
+sits on near-ties, and a migrated request, whose prefix the new worker computes in one prefill
+instead of token by token, flipped one (the migrated text departed from the baseline at token
+85 of 512, and at token 2,621 of 3,000, each time inside a repeated-token loop). So the weights
+are random where they do not decide the next token (embeddings, attention and MLP inputs) and
+built where they do: attention and MLP write nothing back to the residual stream (their output
+projections are zero), and the output head maps each token to its successor in a random
+permutation of the vocabulary, drawn from the seed, with a margin of about sqrt(hidden) over
+every other token. The output then walks the permutation, every token different from the last,
+so a token lost or repeated at the migration shows at once, and another seed gives another walk.
+
+vLLM's CPU attention needs head_dim 64 or more (it refused 16). The size sets the pace: with
+hidden 128 in 2 layers a token took 3.5 ms, so a request was over before the harness, sharing
+two cores with three workers, had seen it in flight; 21 M parameters (84 MB) make a token take
+about 10 ms, as a small real model's would.
+
+Made once per recipe and seed into a cache folder, by a child process (torch stays out of the
+harness), under a file lock so that parallel cases wait for one maker.
 
 `python -m handoff_vllm.tiny_model FOLDER SEED` writes one.
 """
@@ -25,17 +40,19 @@ from handoff.word_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
 
 NAME = "handoff-tiny-llama"
 CONFIG = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": 4096,
     "bos_token_id": BOS_ID,
     "eos_token_id": EOS_ID,
     "torch_dtype": "float32",
 }
+#: How the output head is built (part of the recipe's digest).
+HEAD = "successor in a seeded permutation"
 CACHE_ENV = "HANDOFF_CACHE"
 MAKE_TIMEOUT_S = 300.0
 
@@ -51,7 +68,7 @@ def cache_root() -> Path:
 def folder_for(seed: int, root: Path | None = None) -> Path:
     """Where the model of `seed` lives: named by a digest of the recipe, so a changed recipe
     is a new folder and never a stale one."""
-    recipe = json.dumps({"config": CONFIG, "seed": seed}, sort_keys=True).encode()
+    recipe = json.dumps({"config": CONFIG, "seed": seed, "head": HEAD}, sort_keys=True).encode()
     return (root or cache_root()) / "models" / f"{NAME}-{hashlib.sha256(recipe).hexdigest()[:12]}"
 
 
@@ -86,12 +103,20 @@ def make_in_child(folder: Path, seed: int) -> None:
 
 
 def write(folder: Path, seed: int) -> None:
-    """Random float32 weights from `seed`, saved as safetensors, with the tokenizer."""
+    """Float32 weights from `seed` (see above), saved as safetensors, with the tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers:  # the residual stream carries the token's embedding
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings = model.model.embed_tokens.weight
+        successor = torch.randperm(CONFIG["vocab_size"])
+        unit = embeddings / embeddings.norm(dim=1, keepdim=True)
+        model.lm_head.weight[successor] = unit * CONFIG["hidden_size"] ** 0.5
     model.save_pretrained(folder, safe_serialization=True)
     write_tokenizer(folder)
 
