@@ -75,6 +75,29 @@ class IsolatedRuns:
                 os.close(fd)
             assert bindable(int(lock.stem)), f"port {lock.stem} still bound"
 
+    def kill_and_reap(self, run: subprocess.Popen[str], started: dict[int, float]) -> list[str]:
+        """SIGKILL the run (no teardown at all), check its processes outlive it, let the next
+        run's start reap them, and wait until they are gone; the reaper's lines."""
+        run.kill()
+        run.communicate(timeout=30)
+        assert all(alive(p, t) for p, t in started.items())
+        after = subprocess.run(
+            self.pytest("--collect-only", "-q"), env=self.env, capture_output=True, text=True,
+            timeout=self.timeout_s,
+        )  # fmt: skip
+        killed = [line for line in after.stdout.splitlines() if line.startswith("handoff: killed ")]
+        assert killed, after.stdout[-2000:]
+        poll_until(
+            lambda: (
+                (True, None)
+                if not (left := [p for p, t in started.items() if alive(p, t)])
+                else (None, left)
+            ),
+            Deadline(15),
+            "the reaped processes to exit",
+        )
+        return killed
+
     def next_run_is_clean(self) -> None:
         run = self.start()
         out, _ = run.communicate(timeout=self.timeout_s * 2)

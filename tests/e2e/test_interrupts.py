@@ -2,12 +2,9 @@
 handoff started is alive, every leased port is free, and the next run starts clean."""
 
 import signal
-import subprocess
 
 import pytest
-from interrupted_runs import IsolatedRuns, alive
-
-from handoff.polling import Deadline, poll_until
+from interrupted_runs import IsolatedRuns
 
 CASE = "aggregate/migration_enabled-graceful_shutdown-completion-unary-tcp"
 
@@ -32,19 +29,7 @@ def test_an_interrupted_run_tears_its_case_down(runs, sig):
 def test_a_killed_run_is_cleaned_up_by_the_next_one(runs):
     run = runs.start()
     started = runs.wait_for_deployment()
-    run.kill()  # no teardown at all: the deployment is orphaned
-    run.communicate(timeout=30)
-    assert all(alive(p, t) for p, t in started.items())
-    after = subprocess.run(
-        runs.pytest("--collect-only", "-q"), env=runs.env, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
-    killed = [line for line in after.stdout.splitlines() if line.startswith("handoff: killed ")]
-    assert len(killed) == len(started), after.stdout[-2000:]
-    poll_until(
-        lambda: (True, None) if not [p for p, t in started.items() if alive(p, t)] else (None, 0),
-        Deadline(10),
-        "the reaped processes to exit",
-    )
+    killed = runs.kill_and_reap(run, started)
+    assert len(killed) == len(started)
     runs.assert_clean(started)
     runs.next_run_is_clean()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import psutil
 import pytest
@@ -151,19 +150,7 @@ def test_ctrl_c_leaves_no_engine_process(runs):
 def test_a_killed_run_is_reaped_by_the_next_engines_included(runs):
     run = runs.start()
     runs.wait_for_deployment()
-    started = engine_processes(runs)
-    run.kill()  # no teardown at all
-    run.communicate(timeout=30)
-    assert all(alive(p, t) for p, t in started.items())
-    after = subprocess.run(
-        runs.pytest("--collect-only", "-q"), env=runs.env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert "handoff: killed " in after.stdout, after.stdout[-2000:]
-    poll_until(
-        lambda: (True, None) if not [p for p, t in started.items() if alive(p, t)] else (None, 0),
-        Deadline(15),
-        "the reaped processes, engines included, to exit",
-    )
+    started = engine_processes(runs)  # each worker's VLLM::EngineCore among them
+    runs.kill_and_reap(run, started)
     runs.assert_clean(started)
     runs.next_run_is_clean()
