@@ -109,6 +109,8 @@ class DynamoGpuBackend(Backend):
     profiled_vram_gib: ClassVar[Mapping[str, float]] = {}
     #: The KV cache cap marker, name and value; the same cap is on each worker's command line.
     kv_cap: ClassVar[tuple[str, int]]
+    #: Every worker's context (max model length).
+    context_tokens: ClassVar[int] = CONTEXT_TOKENS
     #: No `case_timeout_s` default: unless a team sets one, each topology has its own timeout.
     #: Dynamo's suite waits up to 300 s for a GPU worker to load its model and come up.
     defaults: ClassVar[Mapping[str, object]] = {
@@ -139,11 +141,12 @@ class DynamoGpuBackend(Backend):
         prompt_tokens = PROMPT_TOKENS[case.topology]
         configured = self.setting("max_tokens") or {}
         max_tokens = int(configured.get(case.topology, OUTPUT_TOKENS[case.topology]))
-        if prompt_tokens + max_tokens > CONTEXT_TOKENS:
+        context = self.context_tokens
+        if prompt_tokens + max_tokens > context:
             raise HandoffError(
                 f"max_tokens {max_tokens} for {case.topology} does not fit the "
-                f"{CONTEXT_TOKENS}-token context of the {self.name} workers with the "
-                f"{prompt_tokens}-token prompt: set it to {CONTEXT_TOKENS - prompt_tokens} or less"
+                f"{context}-token context of the {self.name} workers with the "
+                f"{prompt_tokens}-token prompt: set it to {context - prompt_tokens} or less"
             )
         return Shape(self.prompt(prompt_tokens, case.api), prompt_tokens, max_tokens)
 

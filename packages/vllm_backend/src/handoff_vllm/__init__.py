@@ -82,6 +82,7 @@ class VllmBackend(DynamoGpuBackend):
         "cpu": {
             "model": tiny_model.NAME,
             "startup_timeout_s": cpu.STARTUP_TIMEOUT_S,
+            "max_tokens": cpu.OUTPUT_TOKENS,
         }
     }
     unsupported = {
@@ -106,6 +107,10 @@ class VllmBackend(DynamoGpuBackend):
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def context_tokens(self) -> int:  # type: ignore[override]
+        return cpu.CONTEXT_TOKENS if self.on_cpu else CONTEXT_TOKENS
 
     @property
     def builds_model(self) -> bool:
@@ -155,7 +160,7 @@ class VllmBackend(DynamoGpuBackend):
             "--model", self.model_source(model),
             "--served-model-name", model.name,
             "--enforce-eager",
-            "--max-model-len", str(CONTEXT_TOKENS),
+            "--max-model-len", str(self.context_tokens),
             "--max-num-seqs", "1",
         ]  # fmt: skip
         if self.on_cpu:

@@ -46,6 +46,12 @@ FLAGS = [
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip
 KV_BUFFER = {"kv_buffer_device": "cpu"}
+#: A kv_transfer case's 192 output tokens (all the GPU's 1,024-token context leaves after the
+#: 823-token prefix) take 2 s on the CPU: once a graceful case's harness, slowed by the spinning
+#: NIXL threads, sent its SIGTERM after the response had ended. A 2,048-token context gives it
+#: 1,024 tokens (about 11 s); the other topologies keep the GPU's 512.
+CONTEXT_TOKENS = 2048
+OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 1024}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case measured in two runs of the pre-merge selection on a
