@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import psutil
 import pytest
+from misbehaving import WrongHolder
 
 from handoff.cases import Case
 from handoff.policies import POLICIES, Policy
@@ -114,14 +115,8 @@ def test_a_request_over_before_the_fault_window_fails_the_case(tmp_path, key):
     assert_ports_free(result)
 
 
-class WrongWorkerMocker(MockerBackend):
+class WrongWorkerMocker(WrongHolder, MockerBackend):
     """A holder detector that points at the idle decode worker instead of the busy one."""
-
-    def holders(self, workers):
-        if len(workers) > 1:
-            self.pool = list(workers)
-        busy = super().holders(self.pool)
-        return [w for w in self.pool if w not in busy and w in workers] if busy else []
 
 
 def test_killing_the_wrong_decode_worker_fails_with_that_reason(tmp_path):

@@ -9,6 +9,7 @@ import signal
 import psutil
 import pytest
 from interrupted_runs import IsolatedRuns, alive
+from misbehaving import WrongHolder
 
 from handoff.cases import Case
 from handoff.deployment import Deployment
@@ -38,12 +39,8 @@ def test_migration_off_at_the_frontend_fails_a_case_that_expects_it(vllm_cpu, tm
     assert "migration counter succeeded = 0, expected 1" in reasons
 
 
-class WrongWorker(VllmBackend):
+class WrongWorker(WrongHolder, VllmBackend):
     """A holder detector that points at the idle worker instead of the one serving."""
-
-    def holders(self, workers):
-        busy = super().holders(workers)
-        return [w for w in workers if w not in busy] if busy else []
 
 
 def test_the_fault_sent_to_the_idle_worker_fails_the_case(vllm_cpu, tmp_path):
