@@ -21,8 +21,10 @@ from handoff.polling import Deadline, Timeout, poll_until
 from handoff.verdict import Verdict, count_problems, judge, transfer_problems
 
 METRICS_SETTLE_S = 3.0
-#: The first token follows the transfer; its counter may lag the token by a scrape or so.
-TRANSFER_COUNT_WAIT_S = 1.0
+#: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
+#: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
+#: bound only costs time when the counter never rises.
+TRANSFER_COUNT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
