@@ -12,6 +12,7 @@ import pytest
 from test_gpu_backends import (
     GOLDEN,
     GPU_TOPOLOGIES,
+    NATIVE,
     configured,
     dynamo_parser,
     first_case,
@@ -29,15 +30,11 @@ from handoff.errors import HandoffError
 from handoff.settings import Configuration, Setting
 from handoff_vllm import VllmBackend, cpu, tiny_model
 
-#: The engine-native flags of a CPU worker: no GPU-only flag, prefix caching off.
-CPU_NATIVE = {
-    "all": {"--model", "--served-model-name", "--enforce-eager", "--max-model-len",
-            "--max-num-seqs", "--block-size", "--no-enable-prefix-caching",
-            "--distributed-executor-backend", "--master-port"},
-    "aggregate": {"--kv-events-config"},
-    "prefill": {"--kv-transfer-config", "--kv-events-config"},
-    "decode": {"--kv-transfer-config"},
-}  # fmt: skip
+#: The engine-native flags of a CPU worker: the GPU worker's, less the GPU-only ones, plus
+#: prefix caching off and the model inside the engine process.
+GPU_ONLY = {"--num-gpu-blocks-override", "--gpu-memory-utilization"}
+CPU_ONLY = {"--no-enable-prefix-caching", "--distributed-executor-backend"}
+CPU_NATIVE = {**NATIVE["vllm"], "all": NATIVE["vllm"]["all"] - GPU_ONLY | CPU_ONLY}
 
 
 @pytest.fixture

@@ -121,7 +121,8 @@ class Backend(ABC):
                 f"device {chosen.value!r} ({chosen.source}) is not one the {self.name} "
                 f"backend runs on: {offered}"
             )
-        device = str(chosen.value) if chosen is not None else next(iter(self.devices), "")
+        self.configuration = configuration
+        device = self.device
         values = dict(configuration.values)
         default = f"{self.name} backend default"
         for key, value in self.device_defaults.get(device, {}).items():

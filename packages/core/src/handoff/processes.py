@@ -78,13 +78,16 @@ class ManagedProcess:
             self._known.setdefault(member.pid, member)
         return [p for p in self._known.values() if self._alive(p)]
 
+    def _owns_group(self) -> bool:
+        """Is the group we created (start_new_session: its id is our pid) still ours? Yes while
+        our leader is alive, or gone with no process reusing its pid (Linux never hands out a
+        pid that a living group still uses as its id)."""
+        if self.popen is None:
+            return False
+        return self.popen.poll() is None or not psutil.pid_exists(self.pid)
+
     def _group(self) -> list[psutil.Process]:
-        """The processes in the group we created (start_new_session: its id is our pid), while
-        that id is still ours: our leader is alive, or gone with no process reusing its pid
-        (Linux never hands out a pid that a living group still uses as its id)."""
-        if self.popen is None or (self.popen.poll() is not None and psutil.pid_exists(self.pid)):
-            return []
-        return group_members(self.pid)
+        return group_members(self.pid) if self._owns_group() else []
 
     def _alive(self, proc: psutil.Process) -> bool:
         """Our own child counts until it is reaped: a killed multi-threaded process shows as a
@@ -119,8 +122,8 @@ class ManagedProcess:
     def kill(self) -> None:
         """SIGKILL the tree and its process group; `wait_gone` then waits for them."""
         self.tree()
-        if self._group() or (self.popen is not None and self.popen.poll() is None):
-            with contextlib.suppress(ProcessLookupError):
+        if self._owns_group():
+            with contextlib.suppress(ProcessLookupError):  # an empty group: nothing left
                 os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
         self.signal_tree(signal.SIGKILL)
 

@@ -2,7 +2,7 @@
 
 Every token decodes to one visible word, so a prompt of n words is n tokens, a streamed chunk
 is one word, and a reader of the logs sees the tokens. The mocker serves it alone; the vLLM
-backend's built-in model puts random Llama weights behind it.
+backend's built-in model (handoff_vllm.tiny_model) puts seeded Llama weights behind it.
 """
 
 from __future__ import annotations
