@@ -58,7 +58,7 @@ def render(backend: DynamoGpuBackend, case: Case, folder: Path) -> list[dict]:
         launch = backend.worker(role, case, model, ports, folder)
         workers.append(
             {"name": f"worker-{i}-{role}", "role": role, "ports": ports,
-             "argv": list(launch.argv), "env": dict(launch.env)}
+             "argv": list(launch.argv), "env": dict(launch.env), "niceness": launch.niceness}
         )  # fmt: skip
     return workers
 
@@ -76,14 +76,15 @@ def golden_view(
         here = folder / topology
         workers = []
         for w in render(backend, case, here):
-            workers.append(
-                {
-                    "name": w["name"],
-                    "ports": w["ports"],
-                    "argv": [normalized(a, here) for a in w["argv"]],
-                    "env": {k: normalized(v, here) for k, v in w["env"].items()},
-                }
-            )
+            worker = {
+                "name": w["name"],
+                "ports": w["ports"],
+                "argv": [normalized(a, here) for a in w["argv"]],
+                "env": {k: normalized(v, here) for k, v in w["env"].items()},
+            }
+            if w["niceness"]:  # a GPU worker runs at the default priority
+                worker["niceness"] = w["niceness"]
+            workers.append(worker)
         files = {p.name: p.read_text() for p in sorted(here.glob("*.yaml"))}
         view[topology] = {"case": case.key, "workers": workers, "files": files}
     return view

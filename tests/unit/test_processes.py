@@ -71,3 +71,27 @@ def test_a_child_orphaned_before_it_was_seen_is_still_killed(tmp_path):
     process.kill()
     assert process.wait_gone(Deadline(10)) == []
     assert not alive(orphan)
+
+
+def test_a_niceness_reaches_the_process_and_its_children(tmp_path):
+    """A worker that yields the CPU does so from its first instruction, and so does every
+    child it starts (vLLM's EngineCore)."""
+    base = psutil.Process().nice()
+    process = ManagedProcess(
+        "yielding",
+        ["bash", "-c", "sleep 300 & wait"],
+        {"PATH": "/usr/bin:/bin"},
+        tmp_path / "yielding.log",
+        niceness=7,
+    )
+    process.start()
+    try:
+        tree = poll_until(
+            lambda: (process.tree(), None) if len(process.tree()) == 2 else (None, process.tree()),
+            Deadline(10),
+            "bash and its sleep",
+        )
+        assert [p.nice() for p in tree] == [base + 7, base + 7]
+    finally:
+        process.kill()
+        process.wait_gone(Deadline(10))

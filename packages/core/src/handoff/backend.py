@@ -34,10 +34,12 @@ class Model:
 
 @dataclass(frozen=True)
 class Launch:
-    """A worker's command line and the environment it needs on top of the runtime's."""
+    """A worker's command line, the environment it needs on top of the runtime's, and how far
+    it yields the CPU to the harness and the frontend (a `nice` increment, 0 for none)."""
 
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
+    niceness: int = 0
 
 
 @dataclass(frozen=True)

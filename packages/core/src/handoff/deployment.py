@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import requests
@@ -95,11 +96,17 @@ class Deployment:
             ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
             launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
             name = f"worker-{i}-{role}"
-            process = self._spawn(name, launch.argv, {**env, **launch.env})
+            process = self._spawn(name, launch.argv, {**env, **launch.env}, launch.niceness)
             self.workers.append(Worker(name, role, process, ports))
 
-    def _spawn(self, name: str, argv: list[str] | tuple[str, ...], env: dict[str, str]):
-        process = ManagedProcess(name, argv, env, self.folder / f"{name}.log")
+    def _spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str],
+        niceness: int = 0,
+    ):
+        process = ManagedProcess(name, argv, env, self.folder / f"{name}.log", niceness)
         self.processes.append(process)
         process.start()
         return process

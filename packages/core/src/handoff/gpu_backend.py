@@ -176,7 +176,8 @@ class DynamoGpuBackend(Backend):
         # No hub variable from `model_cache`: that setting is a host folder, which the runtime
         # container mounts as its HF_HOME (handoff.container); the workers inherit HF_HOME
         # (or the shell's own hub variables, outside a container) with the runtime env.
-        return Launch(argv, {**dynamo_worker_env(ports["system"]), **self.engine_env(role, ports)})
+        env = {**dynamo_worker_env(ports["system"]), **self.engine_env(role, ports)}
+        return Launch(argv, env, self.worker_niceness)
 
     @abstractmethod
     def engine_argv(
@@ -187,6 +188,12 @@ class DynamoGpuBackend(Backend):
     def engine_env(self, role: str, ports: Mapping[str, int]) -> dict[str, str]:
         """Environment the engine needs on top of the Dynamo worker's; none by default."""
         return {}
+
+    @property
+    def worker_niceness(self) -> int:
+        """How far the workers yield the CPU to the harness and the frontend; on a GPU they
+        do not need to."""
+        return 0
 
     @staticmethod
     def model_source(model: Model) -> str:

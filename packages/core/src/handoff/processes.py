@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from functools import partial
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,12 +22,18 @@ class ManagedProcess:
     """A process started by handoff, in its own session so its whole tree can be signalled."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        niceness: int = 0,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path
+        self.niceness = niceness
         self.popen: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None  # monotonic
         self._known: dict[int, psutil.Process] = {}
@@ -42,6 +49,8 @@ class ManagedProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    # Set in the child before exec, so every thread and child it makes inherits it.
+                    preexec_fn=partial(os.nice, self.niceness) if self.niceness else None,
                 )
             except FileNotFoundError as exc:
                 raise HandoffError(

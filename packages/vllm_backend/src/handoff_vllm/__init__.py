@@ -193,6 +193,10 @@ class VllmBackend(DynamoGpuBackend):
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = LOOPBACK
         return env
 
+    @property
+    def worker_niceness(self) -> int:  # type: ignore[override]
+        return cpu.NICENESS if self.on_cpu else 0
+
 
 @hookimpl
 def register_backends(register) -> None:

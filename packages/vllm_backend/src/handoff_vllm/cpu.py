@@ -20,6 +20,11 @@
   (`VLLM_HOST_IP`): loopback, as everything handoff starts;
 - NIXL moves KV between a prefill and a decode worker through host memory
   (`kv_buffer_device` cpu), counted in `vllm:nixl_xfer_time_seconds_count` as on a GPU;
+- each worker's NIXL agent runs a progress thread that never sleeps (NIXL's Python agent
+  creates it with a zero delay, and vLLM leaves it on): a prefill and two decode workers keep
+  both cores busy while idle, and the harness, polling for the request in flight, lost the race
+  to a 2-second stream. The workers run at a lower priority (`nice`), so the harness and the
+  frontend, which sleep between reads, run as soon as they wake;
 - prefix caching is off: every request is computed whole, so the undisturbed baseline never
   serves the case's own request from cache, and a decode worker always pulls its KV.
 """
@@ -50,6 +55,8 @@ KV_BUFFER = {"kv_buffer_device": "cpu"}
 #: 823-token prefix) take 2 s on the CPU: once a graceful case's harness, slowed by the spinning
 #: NIXL threads, sent its SIGTERM after the response had ended. A 2,048-token context gives it
 #: 1,024 tokens (about 11 s); the other topologies keep the GPU's 512.
+#: The `nice` increment of every worker; the harness and the frontend run at the default 0.
+NICENESS = 10
 CONTEXT_TOKENS = 2048
 OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 1024}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
