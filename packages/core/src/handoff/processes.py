@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import time
-from functools import partial
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import psutil
