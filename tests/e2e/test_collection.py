@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
-from handoff.cases import TOPOLOGIES, selection
+from handoff.cases import TOPOLOGIES, Case, selection
+from handoff.pool import PoolKey
+from handoff_mocker import MockerBackend
 
 
 def qualification(*args, backend="mocker"):
@@ -20,14 +22,24 @@ def qualification(*args, backend="mocker"):
     )
 
 
+def case_of(key: str) -> Case:
+    topology, case_id = key.split("/")
+    return Case.from_id(case_id, topology)
+
+
 def collected(*args):
     result = qualification("--collect-only", "-q", *args)
     return [line for line in result.stdout.splitlines() if "::test_migration[" in line]
 
 
-def test_items_carry_the_case_keys():
+def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
     ids = [item.split("[", 1)[1].rstrip("]") for item in collected()]
-    assert ids == [c.key for t in TOPOLOGIES for c in selection(t, "pre_merge")]
+    keys = [c.key for t in TOPOLOGIES for c in selection(t, "pre_merge")]
+    assert sorted(ids) == sorted(keys)
+    backend = MockerBackend()
+    pools = [PoolKey.of(backend, case_of(i), backend.roles(case_of(i).topology)) for i in ids]
+    runs = [key for n, key in enumerate(pools) if n == 0 or pools[n - 1] != key]
+    assert len(runs) == len(set(pools)), f"a pool's cases are split: {runs}"
 
 
 @pytest.mark.parametrize(

@@ -13,20 +13,52 @@ import psutil
 import pytest
 from misbehaving import WrongHolder
 
+from handoff import runner
 from handoff.cases import Case
 from handoff.policies import POLICIES, Policy
 from handoff.polling import Deadline, poll_until
+from handoff.pool import Pools
 from handoff.ports import bindable
-from handoff.runner import Settings, run_case
+from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)
 STREAM_ENABLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 
 
+@pytest.fixture(autouse=True, params=["fresh", "pooled"])
+def deployments(request, tmp_path_factory):
+    """Every check twice: on a deployment of the case's own, and on workers drawn from a pool,
+    which must catch the same misbehaviour for the same reason and leave nothing behind."""
+    pools = Pools(tmp_path_factory.mktemp("pools")) if request.param == "pooled" else None
+    ACTIVE["pools"] = pools
+    yield
+    if pools is not None:
+        assert pools.close() == []
+
+
+ACTIVE: dict[str, Pools | None] = {}
+
+
+def run_case(*args, **kwargs):
+    """handoff's run_case, on the test's pool in its pooled run."""
+    return runner.run_case(*args, pools=ACTIVE["pools"], **kwargs)
+
+
 def assert_ports_free(result):
+    """Every port the case used is free once its workers are gone: at its teardown when they
+    were its own; once the pool stopped when they were drawn from one (a failed case stops
+    it at once)."""
     teardown = next(e for e in result.history.events if e.name == "teardown_done")
-    assert teardown.data["ports"] and all(bindable(p) for p in teardown.data["ports"])
+    ports = teardown.data["ports"]
+    if ACTIVE["pools"] is None:
+        assert ports
+    else:
+        if not result.verdict.passed:
+            discarded = next(e for e in result.history.events if e.name == "pool_discarded")
+            assert discarded.data["problems"] == []
+        assert ACTIVE["pools"].close() == []
+    assert all(bindable(p) for p in ports)
 
 
 def failed_reasons(folder, **misconfiguration) -> str:
@@ -93,8 +125,8 @@ def test_a_hung_system_fails_within_the_case_timeout(tmp_path, response):
 class ShortMocker(MockerBackend):
     """Requests of three tokens: over before any fault window opens."""
 
-    def shape(self, case):
-        return replace(super().shape(case), max_tokens=3)
+    def shape(self, case, variant=0):
+        return replace(super().shape(case, variant), max_tokens=3)
 
 
 @pytest.mark.parametrize(
@@ -266,14 +298,15 @@ class NeverRegisters(MockerBackend):
         (
             DecodeAsPrefill(),
             Case.from_id("migration_enabled-worker_failure-chat-stream-tcp", "decode"),
-            "{('prefill', 'generate'): 1, ('backend', 'generate'): 2}",
+            "the frontend to list instances {('prefill', 'generate'): 1, "
+            "('backend', 'generate'): 2}",
             "/health instances {('prefill', 'generate'): 3}",
         ),
         (
             NeverRegisters(),
             STREAM_ENABLED,
-            "{('backend', 'generate'): 2}",
-            "/health instances {}",
+            "the pool's workers to be registered and idle",
+            "worker-0-aggregate not registered; worker-1-aggregate not registered",
         ),
     ],
 )
@@ -284,7 +317,7 @@ def test_a_deployment_with_the_wrong_instances_never_becomes_ready(
     result = run_case(backend, case, tmp_path, settings, timeout_s=30)
     assert not result.verdict.passed and result.verdict.phase == "launch"
     (reason,) = result.verdict.reasons
-    assert reason.startswith(f"timed out waiting for the frontend to list instances {expected}")
+    assert reason.startswith(f"timed out waiting for {expected}")
     assert last_seen in reason
     assert_ports_free(result)
 

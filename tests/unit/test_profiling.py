@@ -145,7 +145,7 @@ def test_profile_prints_the_report_the_markers_and_draws_the_plot(tmp_path, monk
     monkeypatch.setattr(profiling, "SETTLE_S", 0.3)
     case = backend_cases(get_backend("mocker"), ["decode"], "pre_merge")[0]
 
-    def run_case(backend, case, folder, settings, timeout_s):
+    def run_case(backend, case, folder, settings, timeout_s, pools=None):
         history = History()
         history.record("launch")
         history.record("process_launched", process="worker-1-decode", pid=4242)

@@ -61,7 +61,7 @@ def run(pytester, monkeypatch, tmp_path):
     monkeypatch.setattr(pytest_plugin, "configured_backend", configured)
     seen = []
 
-    def run_case(backend, case, folder, settings, timeout_s):
+    def run_case(backend, case, folder, settings, timeout_s, pools=None):
         env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
         held = [(r.key, r.gpu) for r in GpuLedger(nvml, folder=tmp_path / "leases").held()]
         seen.append((case.key, env, held))

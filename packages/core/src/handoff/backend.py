@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sum
-from handoff.settings import Configuration, Setting
+from handoff.settings import BUILT_IN, Configuration, Setting
 
 if TYPE_CHECKING:
     from handoff.cases import Case, Restriction
@@ -101,11 +101,15 @@ class Backend(ABC):
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
     cpus_per_case: ClassVar[float] = 1.0
+    #: How many prompt variants `shape` gives that start differently: the cases one pool of
+    #: workers may serve before it is replaced (1: a pool per case).
+    distinct_prompts: ClassVar[int] = 1
     defaults: ClassVar[Mapping[str, object]] = {"case_timeout_s": 120.0, "startup_timeout_s": 60.0}
     #: The settings keys this backend reads; a team setting any other for it is an error.
     uses_settings: ClassVar[tuple[str, ...]] = (
         "model", "model_path", "model_cache", "image", "max_tokens",
-        "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
+        "graceful_bound_s", "case_timeout_s", "startup_timeout_s", "fresh_deployments",
+        "spare_workers",
     )  # fmt: skip
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}
@@ -138,10 +142,11 @@ class Backend(ABC):
         return str(self.setting("device") or next(iter(self.devices), ""))
 
     def setting(self, key: str) -> object:
-        """The effective value of `key`: the team's setting, else this backend's default."""
+        """The effective value of `key`: the team's setting, else this backend's default, else
+        handoff's own."""
         if self.configuration is not None and key in self.configuration.values:
             return self.configuration.get(key)
-        return self.defaults.get(key)
+        return self.defaults.get(key, BUILT_IN.get(key))
 
     def why_not(self, topology: str) -> str | None:
         """Why this backend does not run `topology`; None when it does."""
@@ -168,9 +173,16 @@ class Backend(ABC):
         """Make the model available under `folder` (or point elsewhere) and describe it."""
 
     @abstractmethod
-    def shape(self, case: Case) -> Shape:
+    def shape(self, case: Case, variant: int = 0) -> Shape:
         """The prompt and output length of `case`'s request; the output must outlast the fault
-        (the graceful bound included), or the case fails as not in flight at the fault."""
+        (the graceful bound included), or the case fails as not in flight at the fault.
+        Each `variant` (0, 1, ...: the cases a pool served before) gives a prompt of the same
+        length that starts with another token, so no case finds another's prefix cached."""
+
+    def worker_variant(self, case: Case) -> tuple:
+        """What of `case`, beyond its roles and request plane, changes how its workers are
+        launched: cases that differ here never share pooled workers. Nothing by default."""
+        return ()
 
     @abstractmethod
     def worker(

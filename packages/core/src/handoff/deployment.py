@@ -1,22 +1,21 @@
-"""The live processes of one case: services, one frontend, its workers; up, ready, and down."""
+"""The system under test for one case: its own frontend, with the case's migration policy, on
+workers drawn from a pool (handoff.pool); up, ready, and down."""
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 
 import requests
 
 from handoff import services
-from handoff.backend import Backend, Model, Worker
+from handoff.backend import Backend, Worker
 from handoff.cases import Case
-from handoff.errors import CaseFailure, HandoffError
+from handoff.errors import CaseFailure
 from handoff.policies import Policy
-from handoff.polling import Deadline, Timeout, poll_until
-from handoff.ports import PortLeases, bindable
+from handoff.polling import Deadline, poll_until
+from handoff.pool import Pool, StartupFailure, stop_all
+from handoff.ports import PortLeases
 from handoff.processes import ManagedProcess
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
@@ -25,19 +24,17 @@ HEALTH_ENDPOINT = {
     "decode": ("backend", "generate"),
     "prefill": ("prefill", "generate"),
 }
-TEARDOWN_TIMEOUT_S = 15.0
 #: Dynamo 1.6.1 lists a prefill worker in /health, and the model in /v1/models, a moment before
 #: its prefill router is active; a request in between gets 503 "prefill routing ... is still
 #: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
 PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
 
-
-class StartupFailure(CaseFailure):
-    """A process of the deployment exited, or the deployment never became ready."""
+__all__ = ["Deployment", "StartupFailure"]
 
 
 class Deployment:
-    """Ports, discovery folder and logs of its own; `stop()` leaves nothing behind."""
+    """A frontend of its own on `pool`'s workers; without a pool, one of its own in `folder`
+    (a fresh deployment), stopped with the frontend. `stop()` leaves nothing behind."""
 
     def __init__(
         self,
@@ -46,76 +43,80 @@ class Deployment:
         folder: Path,
         policy: Policy,
         roles: tuple[str, ...],
+        pool: Pool | None = None,
     ) -> None:
         self.backend = backend
         self.case = case
         self.folder = folder
         self.policy = policy
         self.roles = roles
+        #: Whether the pool is this case's own, stopped with it.
+        self.fresh = pool is None
+        self.pool = pool or Pool(backend, case, roles, folder)
         self.leases = PortLeases()
-        self.processes: list[ManagedProcess] = []
+        self.frontend: ManagedProcess | None = None
         self.workers: list[Worker] = []
-        self.model: Model | None = None
         self.http_port: int | None = None
         #: (monotonic time, what the frontend listed) each time that changed while starting.
         self.listings: list[tuple[float, dict[str, int]]] = []
+        #: The discovery entries of faulted workers removed when a shared pool took them back.
+        self.removed: list[str] = []
+
+    @property
+    def model(self):
+        return self.pool.model
 
     @property
     def base_url(self) -> str:
         return f"http://{services.LOOPBACK}:{self.http_port}"
 
-    def start(self, deadline: Deadline) -> None:
-        """Launch everything at once, then wait until the frontend can route to every worker.
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The processes serving this case: the pool's NATS, the drawn workers, the frontend."""
+        nats = [p for p in self.pool.processes if p.name == "nats-server"]
+        workers = [w.process for w in self.workers]
+        return nats + ([self.frontend] if self.frontend else []) + workers
 
-        Call `stop()` afterwards whether this succeeded or not: it stops what was started.
-        """
-        self._launch()
+    @property
+    def ports(self) -> list[int]:
+        """The ports serving this case: the frontend's and a fresh pool's, or in a shared pool
+        NATS's and the drawn workers'."""
+        if self.fresh:
+            return self.leases.ports + self.pool.leases.ports
+        nats = [self.pool.nats_port] if self.pool.nats_port else []
+        drawn = [port for w in self.workers for port in w.ports.values()]
+        return self.leases.ports + nats + drawn
+
+    def start(self, deadline: Deadline) -> None:
+        """Draw the workers (launching them first when fresh), start the frontend, and wait
+        until it lists exactly the drawn workers. Call `stop()` afterwards whether this
+        succeeded or not: it stops what was started."""
+        if not self.pool.started:
+            self.pool.start()
+        self.workers = self.pool.draw(self.case, deadline)
+        assert self.model is not None
+        self.http_port = self.leases.take()
+        command = services.frontend_command(
+            self.http_port, self.model, self.case.plane, self.policy
+        )
+        self.frontend = ManagedProcess(
+            "frontend", command, self.pool.env, self.folder / "frontend.log"
+        )
+        self.frontend.start()
         self._wait_ready(deadline)
 
-    def _launch(self) -> None:
-        self.backend.check_environment()
-        for state in ("discovery", "nats"):  # stale registrations would count as instances
-            shutil.rmtree(self.folder / state, ignore_errors=True)
-        self.model = self.backend.prepare_model(self.folder / "model")
-        if self.model.path is not None and not self.model.path.is_dir():
-            raise HandoffError(
-                f"the model folder {self.model.path} of {self.backend.name} does not exist: "
-                "fix the backend's model_path setting (handoff config shows where it came from)"
-            )
-        self.http_port = self.leases.take()
-        nats_port = self.leases.take() if self.case.plane == "nats" else None
-        env = services.runtime_env(self.folder / "discovery", nats_port)
-        if nats_port is not None:
-            self._spawn("nats-server", services.nats_command(nats_port, self.folder / "nats"), env)
-        self._spawn(
-            "frontend",
-            services.frontend_command(self.http_port, self.model, self.case.plane, self.policy),
-            env,
-        )
-        for i, role in enumerate(self.roles):
-            ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
-            launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
-            name = f"worker-{i}-{role}"
-            process = self._spawn(name, launch.argv, {**env, **launch.env}, launch.niceness)
-            self.workers.append(Worker(name, role, process, ports))
-
-    def _spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        env: dict[str, str],
-        niceness: int = 0,
-    ):
-        process = ManagedProcess(name, argv, env, self.folder / f"{name}.log", niceness)
-        self.processes.append(process)
-        process.start()
-        return process
-
-    def expected_instances(self) -> Counter[tuple[str, str]]:
-        return Counter(HEALTH_ENDPOINT[role] for role in self.roles)
+    def expected_instances(self) -> dict[tuple[str, str], set[int]]:
+        """The instance ids the frontend must list, by (component, endpoint): the drawn
+        workers' own, no more."""
+        expected: dict[tuple[str, str], set[int]] = {}
+        for worker in self.workers:
+            ids = self.pool.instance_ids.get(worker.name, set())
+            expected.setdefault(HEALTH_ENDPOINT[worker.role], set()).update(ids)
+        return expected
 
     def _wait_ready(self, deadline: Deadline) -> None:
         expected = self.expected_instances()
+        ours = set().union(*expected.values())
         assert self.model is not None
 
         def probe() -> tuple[bool | None, str]:
@@ -125,72 +126,59 @@ class Deployment:
                 models = requests.get(self.base_url + "/v1/models", timeout=2).json()
             except (requests.RequestException, ValueError) as exc:
                 return None, f"frontend not answering ({type(exc).__name__})"
-            listed = Counter(
-                (i.get("component"), i.get("endpoint"))
-                for i in health.get("instances", [])
-                if (i.get("component"), i.get("endpoint")) in expected
-            )
+            listed: dict[tuple[str, str], set[int]] = {}
+            for instance in health.get("instances", []):
+                where = (instance.get("component"), instance.get("endpoint"))
+                if where in expected:
+                    listed.setdefault(where, set()).add(instance.get("instance_id"))
+            if strangers := set().union(*listed.values()) - ours:
+                raise CaseFailure(
+                    f"the frontend lists instance(s) {sorted(strangers)} that are none of this "
+                    f"case's workers ({sorted(ours)}): a stale registration in {self.pool.store}"
+                )
+            counts = {where: len(ids) for where, ids in listed.items()}
             names = [m.get("id") for m in models.get("data", [])]
-            shown = {"/".join(key): n for key, n in sorted(listed.items())}
+            shown = {"/".join(k): n for k, n in sorted(counts.items())}
             shown["models"] = len(names)
             if not self.listings or self.listings[-1][1] != shown:
                 self.listings.append((time.monotonic(), shown))
-            seen = f"/health instances {dict(listed)}, /v1/models {names}"
+            seen = f"/health instances {counts}, /v1/models {names}"
             if listed != expected or self.model.name not in names:
                 return None, seen
             if "prefill" in self.roles and not self._frontend_logged(PREFILL_ROUTER_ACTIVE):
                 return None, seen + f", no {PREFILL_ROUTER_ACTIVE!r} in the frontend's log yet"
             return True, ""
 
+        wanted = {where: len(ids) for where, ids in expected.items()}
         router = ", its prefill router active" if "prefill" in self.roles else ""
         poll_until(
             probe,
             deadline,
-            f"the frontend to list instances {dict(expected)} and model {self.model.name!r}"
-            + router,
+            f"the frontend to list instances {wanted} and model {self.model.name!r}" + router,
         )
 
     def _frontend_logged(self, line: str) -> bool:
-        frontend = next(p for p in self.processes if p.name == "frontend")
+        assert self.frontend is not None
         try:
-            return line in frontend.log_path.read_text(errors="replace")
+            return line in self.frontend.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return False
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first process that has exited."""
-        for process in self.processes:
-            code = process.exit_code()
-            if code is not None:
-                raise StartupFailure(
-                    f"{process.name} exited with code {code} during start-up; "
-                    f"log {process.log_path}:\n{process.log_tail()}"
-                )
+        self.pool.raise_if_exited()
+        if self.frontend is not None and (code := self.frontend.exit_code()) is not None:
+            raise StartupFailure(
+                f"frontend exited with code {code} during start-up; "
+                f"log {self.frontend.log_path}:\n{self.frontend.log_tail()}"
+            )
 
     def stop(self) -> list[str]:
-        """Kill every process started, check they are gone and the ports are free.
-
-        Returns the problems found (survivors, ports still bound); empty means clean.
-        """
-        problems = []
-        deadline = Deadline(TEARDOWN_TIMEOUT_S)
-        started = [p for p in reversed(self.processes) if p.popen is not None]
-        for process in started:  # signal every tree first, then wait: they die in parallel
-            process.kill()
-        for process in started:
-            if survivors := process.wait_gone(deadline):
-                pids = ", ".join(str(p.pid) for p in survivors)
-                problems.append(f"{process.name} still alive after SIGKILL: pids {pids}")
-        try:
-            poll_until(
-                lambda: (True, None) if not (busy := self._busy_ports()) else (None, busy),
-                deadline,
-                "the deployment's ports to be free",
-            )
-        except Timeout as exc:
-            problems.append(str(exc))
-        self.leases.release()
+        """Stop the frontend, and the pool when it is this case's own; give the drawn workers
+        back to a shared pool. Returns the problems found (survivors, ports still bound)."""
+        problems = stop_all([self.frontend] if self.frontend else [], self.leases)
+        if self.fresh:
+            problems += self.pool.stop()
+        else:
+            self.removed = self.pool.give_back(self.workers)
         return problems
-
-    def _busy_ports(self) -> list[int]:
-        return [port for port in self.leases.ports if not bindable(port)]

@@ -80,9 +80,10 @@ def dynamo_worker_env(system_port: int) -> dict[str, str]:
     }
 
 
-def prompt_text(tokens: int) -> str:
-    """`tokens` words and full stops of `SENTENCE`, repeated: one token each for Qwen3."""
-    pieces = [SENTENCE[i % len(SENTENCE)] for i in range(tokens)]
+def prompt_text(tokens: int, variant: int = 0) -> str:
+    """`tokens` words and full stops of `SENTENCE`, repeated from its word number `variant`:
+    one token each for Qwen3."""
+    pieces = [SENTENCE[(variant + i) % len(SENTENCE)] for i in range(tokens)]
     return "".join(" " + p if i and p == SENTENCE[0] else p for i, p in enumerate(pieces))
 
 
@@ -101,6 +102,8 @@ class DynamoGpuBackend(Backend):
     #: The Dynamo worker module, run as `python -m <dynamo_module>`.
     dynamo_module: ClassVar[str]
     topologies: ClassVar[Mapping[str, tuple[str, ...]]] = TOPOLOGIES
+    #: Each word of SENTENCE can start the prompt.
+    distinct_prompts = len(SENTENCE)
     #: Requests go out at temperature 0 with seed 0: the same output every time.
     deterministic = True
     #: Per topology: the case timeout (when the team sets no `case_timeout_s`) and the peak GPU
@@ -137,7 +140,7 @@ class DynamoGpuBackend(Backend):
             )
         return Model(name, local)
 
-    def shape(self, case: Case) -> Shape:
+    def shape(self, case: Case, variant: int = 0) -> Shape:
         prompt_tokens = PROMPT_TOKENS[case.topology]
         configured = self.setting("max_tokens") or {}
         max_tokens = int(configured.get(case.topology, OUTPUT_TOKENS[case.topology]))
@@ -148,12 +151,13 @@ class DynamoGpuBackend(Backend):
                 f"{context}-token context of the {self.name} workers with the "
                 f"{prompt_tokens}-token prompt: set it to {context - prompt_tokens} or less"
             )
-        return Shape(self.prompt(prompt_tokens, case.api), prompt_tokens, max_tokens)
+        prompt = self.prompt(prompt_tokens, case.api, variant)
+        return Shape(prompt, prompt_tokens, max_tokens)
 
-    def prompt(self, tokens: int, api: str) -> str:
+    def prompt(self, tokens: int, api: str, variant: int = 0) -> str:
         """A prompt the engine prefills as `tokens` tokens of the default model (Qwen3), its
         chat template included for a chat request."""
-        return prompt_text(tokens - (CHAT_TEMPLATE_TOKENS if api == "chat" else 0))
+        return prompt_text(tokens - (CHAT_TEMPLATE_TOKENS if api == "chat" else 0), variant)
 
     def markers(self, case: Case) -> dict[str, float]:
         timeout = self.setting("case_timeout_s") or self.timeouts[case.topology]

@@ -17,6 +17,7 @@ from handoff.backend import Backend
 from handoff.cases import SELECTIONS, backend_cases, only
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend
+from handoff.pool import PoolKey, Pools
 from handoff.progress import LiveProgress
 from handoff.report import case_table
 from handoff.results import FILE as RESULTS_FILE
@@ -67,6 +68,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="device the backend's workers run on, for a backend that offers more than one "
         "(vllm: cuda or cpu; default: the device setting of [tool.handoff], else the first)",
     )
+    group.addoption(
+        "--handoff-fresh",
+        action="store_true",
+        default=None,
+        help="start every case's workers anew, as Dynamo's own suite does (default: "
+        "fresh_deployments of [tool.handoff], else warm worker pools)",
+    )
+    group.addoption(
+        "--handoff-spare-workers",
+        type=int,
+        help="workers of the faulted role each pool keeps ready (default: spare_workers of "
+        "[tool.handoff], else 1)",
+    )
     scheduling.add_options(group)
 
 
@@ -80,6 +94,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
     scheduler = scheduling.Scheduler(config, cpus_per_case(config))
     config.pluginmanager.register(scheduler, "handoff-scheduler")
+    if getattr(config.option, "dist", "no") == "load" and pooled(config):
+        # Each xdist worker keeps its own pools: hand it every case of a pool, in turn.
+        config.option.dist = "loadgroup"
     name = config.getoption("handoff_backend")
     if name:
         config.addinivalue_line("markers", f"{name}: case run against the {name} backend")
@@ -101,6 +118,14 @@ def cpus_per_case(config: pytest.Config) -> float:
         return chosen_backend(config).cpus_per_case
     except HandoffError:
         return 1.0
+
+
+def pooled(config: pytest.Config) -> bool:
+    """Whether the run's cases draw warm workers from pools (not known for a bad backend)."""
+    try:
+        return not chosen_backend(config).setting("fresh_deployments")
+    except HandoffError:
+        return False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -150,6 +175,8 @@ def chosen_backend(config: pytest.Config) -> Backend:
             "--handoff-graceful-bound",
         ),
         "device": (config.getoption("handoff_device"), "--handoff-device"),
+        "fresh_deployments": (config.getoption("handoff_fresh"), "--handoff-fresh"),
+        "spare_workers": (config.getoption("handoff_spare_workers"), "--handoff-spare-workers"),
     }
     return configured_backend(name, overrides, Path(config.rootpath))
 
@@ -164,6 +191,9 @@ def case_params(config: pytest.Config) -> list:
     cases = backend_cases(backend, config.getoption("handoff_topology"), chosen)
     for case in only(cases, config.getoption("handoff_case"), backend.name, chosen):
         marks = [getattr(pytest.mark, chosen), getattr(pytest.mark, backend.name)]
+        if not backend.setting("fresh_deployments"):
+            key = PoolKey.of(backend, case, backend.roles(case.topology))
+            marks.append(pytest.mark.xdist_group(key.label))
         for marker, value in backend.markers(case).items():
             if marker not in MARKERS and marker != "timeout":
                 config.addinivalue_line("markers", f"{marker}(value): set by {backend.name}")
@@ -189,6 +219,22 @@ def handoff_settings(request: pytest.FixtureRequest, handoff_backend: Backend) -
 @pytest.fixture(scope="session")
 def handoff_run_dir() -> Path:
     return Path(os.environ[RUN_DIR_ENV])
+
+
+@pytest.fixture(scope="session")
+def handoff_pools(handoff_backend: Backend, handoff_run_dir: Path):
+    """This pytest process's warm worker pools, or None for fresh deployments; every pool is
+    stopped at the end of the run, on Ctrl-C and SIGTERM too."""
+    if handoff_backend.setting("fresh_deployments"):
+        yield None
+        return
+    tag = os.environ.get("PYTEST_XDIST_WORKER", "main") + "-"
+    pools = Pools(handoff_run_dir / "pools", tag)
+    try:
+        yield pools
+    finally:
+        if problems := pools.close():
+            raise HandoffError("the pools did not stop cleanly: " + "; ".join(problems))
 
 
 class RunReport:

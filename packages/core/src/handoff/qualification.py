@@ -9,10 +9,14 @@ from handoff import results
 from handoff.runner import run_case
 
 
-def test_migration(handoff_case, handoff_backend, handoff_settings, handoff_run_dir, request):
+def test_migration(
+    handoff_case, handoff_backend, handoff_settings, handoff_run_dir, handoff_pools, request
+):
     timeout_s = request.node.get_closest_marker("timeout").args[0]
     folder = handoff_run_dir / handoff_case.topology / handoff_case.id
-    result = run_case(handoff_backend, handoff_case, folder, handoff_settings, timeout_s)
+    result = run_case(
+        handoff_backend, handoff_case, folder, handoff_settings, timeout_s, pools=handoff_pools
+    )
     request.node.user_properties.append(("verdict", result.verdict.summary()))
     request.node.user_properties.extend(result.history.phases().items())
     request.node.user_properties.append((results.PROPERTY, results.CaseRecord.of(result).to_json()))

@@ -73,6 +73,8 @@ def failure_lines(run_dir: Path, case: CaseRecord) -> list[str]:
     where its logs are."""
     lines = [f"FAIL {case.key} in {case.phase}"]
     lines += [f"  reason: {reason}" for reason in case.reasons]
+    if case.deployment:
+        lines.append(f"  workers: {case.deployment}")
     if case.last_events:
         lines.append("  last events:")
         lines += [f"    {event_line(e)}" for e in case.last_events]
@@ -203,6 +205,7 @@ def case_section(n: int, case: CaseRecord, run_dir: Path) -> str:
         f'<h2>{escape(case.key)} <span class="{"pass" if case.passed else "fail"}">'
         f"{escape(verdict)}</span></h2>",
         f'<div class="phases">{escape(phases)}</div>',
+        f'<div class="phases">workers: {escape(case.deployment or "not drawn")}</div>',
     ]
     if not case.passed:
         last_events = "\n".join(event_line(e) for e in case.last_events)

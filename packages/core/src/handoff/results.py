@@ -33,11 +33,22 @@ class CaseRecord:
     folder: str = ""
     #: The events just before the end, for a failed case: what happened last.
     last_events: list[dict[str, Any]] = field(default_factory=list)
+    #: Where its workers came from: "fresh", or the pool's name; and which workers it drew.
+    pool: str = ""
+    workers: list[str] = field(default_factory=list)
+
+    @property
+    def deployment(self) -> str:
+        """`fresh`, or `pool NAME: the workers drawn`: one line for the reader."""
+        if self.pool in ("", "fresh"):
+            return self.pool
+        return f"pool {self.pool}: {', '.join(self.workers)}"
 
     @classmethod
     def of(cls, result: CaseResult) -> CaseRecord:
         events = result.history.timeline()
         counts = next((e.data["counts"] for e in events if e.name == "metrics_read"), {})
+        ready = next((e.data for e in events if e.name == "ready"), {})
         last = [
             {"event": e.name, "at": e.at, **_short(e.data)}
             for e in events
@@ -54,6 +65,8 @@ class CaseRecord:
             counts=counts,
             folder=str(result.folder),
             last_events=[] if result.verdict.passed else last[-LAST_EVENTS:],
+            pool=ready.get("pool", ""),
+            workers=ready.get("workers", []),
         )
 
     def to_json(self) -> str:

@@ -18,6 +18,7 @@ from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.policies import Outcome, Policy, expected_outcome, policy
 from handoff.polling import Deadline, Timeout, poll_until
+from handoff.pool import Pools
 from handoff.verdict import Verdict, count_problems, judge, transfer_problems
 
 METRICS_SETTLE_S = 3.0
@@ -55,8 +56,11 @@ def run_case(
     timeout_s: float,
     frontend_policy: Policy | None = None,
     roles: tuple[str, ...] | None = None,
+    pools: Pools | None = None,
 ) -> CaseResult:
-    """Run one case inside `timeout_s`; every process it started is gone when it returns.
+    """Run one case inside `timeout_s`; every process it started is gone when it returns, and
+    the workers it drew from `pools` are back there (a failed case discards their pool).
+    Without `pools` the case gets a fresh deployment of its own.
 
     `frontend_policy` and `roles` deploy a system other than the case asks for: the way tests
     build a misconfigured system under test and check that the verdict catches it.
@@ -64,33 +68,39 @@ def run_case(
     started = time.monotonic()
     history = History()
     deadline = Deadline(timeout_s)
+    roles = roles or backend.roles(case.topology)
+    history.record("launch", roles=list(roles))
+    pool = pools.pool_for(backend, case, roles) if pools else None
     deployment = Deployment(
-        backend,
-        case,
-        folder,
-        frontend_policy or policy(case.policy),
-        roles or backend.roles(case.topology),
+        backend, case, folder, frontend_policy or policy(case.policy), roles, pool
     )
+    draws_before = deployment.pool.draws
     try:
-        history.record("launch", roles=list(deployment.roles))
         deployment.start(deadline.within(settings.startup_timeout_s))
         history.record(
             "ready",
+            pool=pools.name(pool) if pools and pool else "fresh",
+            cases_before=draws_before,
+            workers=[w.name for w in deployment.workers],
             pids={p.name: p.pid for p in deployment.processes},
-            ports=deployment.leases.ports,
+            ports=deployment.ports,
         )
-        verdict = exercise(deployment, case, settings, deadline, history)
+        verdict = exercise(deployment, case, settings, deadline, history, variant=draws_before)
     except (CaseFailure, HandoffError, requests.RequestException) as exc:
         # The system under test failed, the set-up is wrong, or a process stopped answering:
         # each fails this case with its reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     finally:
         record_start_up(deployment, history)
-        leased = deployment.leases.ports
+        leased = deployment.ports
         problems = deployment.stop()  # checks that every leased port is free again
-        history.record("teardown_done", problems=problems, ports=leased)
+        history.record("teardown_done", problems=problems, ports=leased, removed=deployment.removed)
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
+    if pools and pool and not verdict.passed:
+        # Its workers may hold the failure's state: no later case gets them; logs go with it.
+        discarded = pools.discard(pool, keep_in=folder)
+        history.record("pool_discarded", pool=pools.name(pool), problems=discarded)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
@@ -110,13 +120,20 @@ def drop_logs(folder: Path) -> None:
 
 
 def exercise(
-    deployment: Deployment, case: Case, settings: Settings, deadline: Deadline, history: History
+    deployment: Deployment,
+    case: Case,
+    settings: Settings,
+    deadline: Deadline,
+    history: History,
+    variant: int = 0,
 ) -> Verdict:
-    """Send the request, fault the worker that holds it in its window, and judge the outcome."""
+    """Send the request, fault the worker that holds it in its window, and judge the outcome.
+    `variant` picks the prompt: a pool's cases each get their own, so none finds another's
+    prefix in a worker's cache."""
     backend, where = deployment.backend, topology(case.topology)
     assert deployment.model is not None
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    shape = backend.shape(case)
+    shape = backend.shape(case, variant)
     stream = case.response == "stream"
     request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
     baseline = (

@@ -10,9 +10,11 @@
   configure time, before xdist (trylast) starts them, and the report header says so. `-n auto`
   is cut the same way (xdist counts physical cores, blind to masks and quotas).
   HANDOFF_CPU_SLOTS=N allows N workers on purpose.
-- Order: the cases start longest first by their `timeout` marker (a stable sort: cases with
-  equal timeouts, the mocker's, keep today's order). xdist hands each worker a few items at a
-  time, so the start order is longest first up to those chunks.
+- Order: the cases start longest first by their `timeout` marker; among equal timeouts the
+  cases of one pool of workers (`handoff.pool`, their `xdist_group`) run one after another,
+  pools in the order of their first case (a stable sort otherwise). With pools xdist runs
+  `--dist loadgroup`, so each pool's cases go to one xdist worker; without pools it hands each
+  worker a few items at a time, and the start order is longest first up to those chunks.
 - GPU memory: a case with `profiled_vram_gib` above 0 (or `whole_gpu`) takes a reservation from
   the machine-wide ledger before it starts, waiting until a GPU has room under
   `--max-vram-gib` (per GPU; default: the GPU's total) and under what NVML shows other processes
@@ -72,6 +74,12 @@ def demand(item: pytest.Item) -> Demand:
         timeout_s=value("timeout"),
         whole_gpu=bool(value("whole_gpu")),
     )
+
+
+def pool_of(item: pytest.Item) -> str:
+    """The pool a case draws its workers from (its xdist group), or its own id when fresh."""
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker else item.nodeid
 
 
 def is_case(item: pytest.Item) -> bool:
@@ -141,7 +149,10 @@ class Scheduler:
         cases = [i for i in items if is_case(i)]
         if not cases:
             return
-        ordered = iter(sorted(cases, key=lambda i: -demand(i).timeout_s))
+        first = {}  # each pool's first place: a pool's cases run one after another
+        for n, item in enumerate(cases):
+            first.setdefault(pool_of(item), n)
+        ordered = iter(sorted(cases, key=lambda i: (-demand(i).timeout_s, first[pool_of(i)])))
         items[:] = [next(ordered) if is_case(i) else i for i in items]
         demands = {i: demand(i) for i in items if is_case(i)}
         on_gpu = [i for i, d in demands.items() if d.needs_gpu]

@@ -35,8 +35,17 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "graceful_bound_s": ((int, float), "seconds between SIGTERM and SIGKILL"),
     "case_timeout_s": ((int, float), "the most one case may take, start-up to teardown"),
     "startup_timeout_s": ((int, float), "the most a deployment may take to become ready"),
+    "fresh_deployments": (
+        bool,
+        "start every case's workers anew, as Dynamo's own suite does, not from warm pools",
+    ),
+    "spare_workers": (
+        int,
+        "workers of the faulted role each pool keeps ready, unseen by frontends, so that the "
+        "next case need not wait for a replacement",
+    ),
 }
-BUILT_IN = {"graceful_bound_s": 2.0}
+BUILT_IN = {"graceful_bound_s": 2.0, "fresh_deployments": False, "spare_workers": 1}
 FILES = ("handoff.toml", "pyproject.toml")
 
 
@@ -99,9 +108,11 @@ def _checked(table: dict, where: str, path: Path) -> dict:
                 "(or a table named after an installed backend)"
             )
         kind = KEYS[key][0]
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             expected = "a number" if kind == (int, float) else f"a {_type_name(kind)}"
             raise HandoffError(f"{key} in {where} of {path} must be {expected}, not {value!r}")
+        if key == "spare_workers" and value < 0:
+            raise HandoffError(f"spare_workers in {where} of {path} must be 0 or more, not {value}")
         if key == "max_tokens" and not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value.values()
         ):
@@ -112,7 +123,7 @@ def _checked(table: dict, where: str, path: Path) -> dict:
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
-    return {str: "string", int: "integer", dict: "table"}.get(kind, str(kind))  # type: ignore[arg-type]
+    return {str: "string", int: "integer", dict: "table", bool: "boolean"}.get(kind, str(kind))  # type: ignore[arg-type]
 
 
 def resolve(

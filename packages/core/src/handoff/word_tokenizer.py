@@ -42,10 +42,17 @@ def write_tokenizer(folder: Path) -> None:
     )
 
 
-def prompt(tokens: int, first: int = 100) -> str:
-    """`tokens` words of the vocabulary from `first` on (wrapping before t1000): one token
-    each, no template tokens."""
-    return " ".join(f"t{first + i % 900}" for i in range(tokens))
+#: A prompt's words run over 900 words of the vocabulary from its first, which is t100 for
+#: variant 0, t101 for variant 1, ...: DISTINCT_PROMPTS prompts that start differently.
+SPAN = 900
+DISTINCT_PROMPTS = WORDS - 100 - SPAN
+
+
+def prompt(tokens: int, variant: int = 0) -> str:
+    """`tokens` words of the vocabulary, one token each and no template tokens, from word
+    t(100 + variant) on, wrapping after 900 words."""
+    first = 100 + variant % DISTINCT_PROMPTS
+    return " ".join(f"t{first + i % SPAN}" for i in range(tokens))
 
 
 def count(text: str) -> int:

@@ -21,7 +21,7 @@ from handoff.backend import Backend, Launch, Model, Shape
 from handoff.cases import Case
 from handoff.errors import HandoffError
 from handoff.hookspecs import hookimpl
-from handoff.word_tokenizer import count, prompt
+from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt
 from handoff_mocker.model import write_model
 
 MODEL_NAME = "handoff-mocker"
@@ -81,10 +81,14 @@ class MockerBackend(Backend):
     #: Measured: the 18 pre-merge cases take 20.1 CPU-s in 49.5 s at -n 1 (0.41 CPUs a case;
     #: benchmarks/RESULTS.md); a case mostly waits on its request and its fault.
     cpus_per_case = 0.5
+    distinct_prompts = DISTINCT_PROMPTS
     nondeterministic_because = "the mocker draws each token at random"
     #: The mocker emits one token per step and the frontend forwards each in its own frame.
     one_token_per_frame = True
-    uses_settings = ("max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s")
+    uses_settings = (
+        "max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
+        "fresh_deployments", "spare_workers",
+    )  # fmt: skip
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
         self.speedup_ratio = speedup_ratio
@@ -100,11 +104,16 @@ class MockerBackend(Backend):
         write_model(folder)
         return Model(MODEL_NAME, folder)
 
-    def shape(self, case: Case) -> Shape:
+    def shape(self, case: Case, variant: int = 0) -> Shape:
         timing = TIMINGS[(case.topology, case.fault)]
         configured = self.setting("max_tokens") or {}
         output = configured.get(case.topology, timing.output)
-        return Shape(prompt(timing.prompt_tokens), timing.prompt_tokens, output)
+        return Shape(prompt(timing.prompt_tokens, variant), timing.prompt_tokens, output)
+
+    def worker_variant(self, case: Case) -> tuple:
+        """The speed of the mocker's decode and transfer, set per fault by its timing."""
+        timing = TIMINGS[(case.topology, case.fault)]
+        return (timing.decode_speedup, timing.transfer_gbps)
 
     def worker(
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path

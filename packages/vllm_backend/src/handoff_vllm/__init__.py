@@ -35,6 +35,7 @@ from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
     PREFILL_TOO_SHORT,
+    SENTENCE,
     DynamoGpuBackend,
 )
 from handoff.hookspecs import hookimpl
@@ -122,6 +123,10 @@ class VllmBackend(DynamoGpuBackend):
         """A GPU case mostly waits on its GPU; a CPU case computes every token on the CPU."""
         return cpu.CPUS_PER_CASE if self.on_cpu else 1.0
 
+    @property
+    def distinct_prompts(self) -> int:  # type: ignore[override]
+        return word_tokenizer.DISTINCT_PROMPTS if self.builds_model else len(SENTENCE)
+
     def check_environment(self) -> None:
         if not self.on_cpu:
             require_engine(
@@ -139,10 +144,10 @@ class VllmBackend(DynamoGpuBackend):
             return Model(str(self.setting("model")), tiny_model.ensure())
         return super().prepare_model(folder)
 
-    def prompt(self, tokens: int, api: str) -> str:
+    def prompt(self, tokens: int, api: str, variant: int = 0) -> str:
         if self.builds_model:  # one word a token, and no chat template around it
-            return word_tokenizer.prompt(tokens)
-        return super().prompt(tokens, api)
+            return word_tokenizer.prompt(tokens, variant)
+        return super().prompt(tokens, api, variant)
 
     def output_tokens(self, text: str) -> int | None:
         return word_tokenizer.count(text) if self.builds_model else None

@@ -51,14 +51,17 @@ FLAGS = [
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip
 KV_BUFFER = {"kv_buffer_device": "cpu"}
+#: The `nice` increment of every worker; the harness and the frontend run at the default 0.
+NICENESS = 10
 #: A kv_transfer case's 192 output tokens (all the GPU's 1,024-token context leaves after the
 #: 823-token prefix) take 2 s on the CPU: once a graceful case's harness, slowed by the spinning
 #: NIXL threads, sent its SIGTERM after the response had ended. A 2,048-token context gives it
-#: 1,024 tokens (about 11 s); the other topologies keep the GPU's 512.
-#: The `nice` increment of every worker; the harness and the frontend run at the default 0.
-NICENESS = 10
+#: 1,024 tokens (about 11 s). A decode worker streams about 250 tokens a second, and its
+#: in-flight gauge, read from a busy worker, took up to 2.3 s to show the request: with 512
+#: tokens a graceful decode case's SIGTERM once came 135 tokens before the end, which the
+#: worker finished draining inside the 2 s bound (no migration). Decode gets 1,536 (about 6 s).
 CONTEXT_TOKENS = 2048
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 1024}
+OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 1024}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case measured in two runs of the pre-merge selection on a

@@ -1,0 +1,331 @@
+"""Workers that outlive a case: started once per pool, drawn by one case at a time, and the
+one a case faulted replaced at once, while other cases run.
+
+A pool is one discovery folder, NATS server (on the nats plane), model and set of workers for
+the cases that launch identical workers: the same backend, roles, request plane and
+`Backend.worker_variant`. A case draws every worker of the pool, exactly the instances its
+topology expects, and starts its own frontend on them (its policy, its counters from zero). A
+worker is handed out only when it is alive, registered, answering and holds no request. When
+the case ends, the worker it faulted is gone: its discovery entries are removed, so no
+frontend lists or routes to it, and a spare takes its place. A case that fails discards the
+pool.
+
+Spares: a spare worker of the role cases fault starts with a discovery folder of its own, so
+no frontend sees it while it waits (and the running case's frontend lists exactly its own
+workers). Handing it over hard-links its entries into the pool's folder: Dynamo's keep-alive
+touches those same files in place, so they stay fresh in both (measured on Dynamo 1.6.1,
+docs/known-issues.md). Each spare handed over is replaced by a new one, started at once, in
+the background of the next case. With no spare, the replacement starts in the faulted
+worker's place, and the next case waits for it.
+
+A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case and stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+
+import psutil
+import requests
+
+from handoff import metrics, registrations, services
+from handoff.backend import Backend, Model, Worker
+from handoff.cases import Case, topology
+from handoff.errors import CaseFailure, HandoffError
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.ports import PortLeases, bindable
+from handoff.processes import ManagedProcess
+
+TEARDOWN_TIMEOUT_S = 15.0
+
+
+class StartupFailure(CaseFailure):
+    """A process exited, or the workers never became ready."""
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What makes workers interchangeable between cases."""
+
+    backend: str
+    roles: tuple[str, ...]
+    plane: str
+    variant: tuple
+
+    @classmethod
+    def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
+        return cls(backend.name, roles, case.plane, tuple(backend.worker_variant(case)))
+
+    @property
+    def label(self) -> str:
+        """A readable name: backend, roles, plane and the variant, e.g. for xdist groups."""
+        variant = "-".join(str(v) for v in self.variant)
+        return "-".join(filter(None, [self.backend, "+".join(self.roles), self.plane, variant]))
+
+
+class Pool:
+    """Services and workers shared by the cases of one key, in a folder of its own."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        case: Case,
+        roles: tuple[str, ...],
+        folder: Path,
+        spares: int = 0,
+    ):
+        self.backend = backend
+        #: The case whose launch every worker of the pool gets: its key's first.
+        self.case = case
+        self.roles = roles
+        self.folder = folder
+        self.leases = PortLeases()
+        self.processes: list[ManagedProcess] = []
+        self.workers: list[Worker] = []
+        self.model: Model | None = None
+        self.env: dict[str, str] = {}
+        self.nats_port: int | None = None
+        #: Each live worker's instance ids in the discovery store, once it has registered.
+        self.instance_ids: dict[str, set[int]] = {}
+        #: Cases drawn so far: the next case's prompt variant.
+        self.draws = 0
+        self.spare_count = spares
+        #: Workers started in a discovery folder of their own, not yet handed to a case.
+        self.spares: list[Worker] = []
+        #: Worker name -> the folder it registers in, for spares and the spares handed over.
+        self.own_store: dict[str, Path] = {}
+        self._serial = count()
+
+    @property
+    def store(self) -> Path:
+        return self.folder / "discovery"
+
+    @property
+    def started(self) -> bool:
+        return bool(self.env)
+
+    def start(self) -> None:
+        """Launch NATS (on the nats plane) and every worker; `draw` waits for them."""
+        self.backend.check_environment()
+        for state in ("discovery", "nats"):  # stale registrations would count as instances
+            shutil.rmtree(self.folder / state, ignore_errors=True)
+        self.model = self.backend.prepare_model(self.folder / "model")
+        if self.model.path is not None and not self.model.path.is_dir():
+            raise HandoffError(
+                f"the model folder {self.model.path} of {self.backend.name} does not exist: "
+                "fix the backend's model_path setting (handoff config shows where it came from)"
+            )
+        self.nats_port = self.leases.take() if self.case.plane == "nats" else None
+        self.env = services.runtime_env(self.store, self.nats_port)
+        if self.nats_port is not None:
+            nats = services.nats_command(self.nats_port, self.folder / "nats")
+            self.spawn("nats-server", nats)
+        self.workers = [self._start_worker(role) for role in self.roles]
+        target = topology(self.case.topology).target_role
+        if target in self.roles:
+            self.spares = [self._start_worker(target, spare=True) for _ in range(self.spare_count)]
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, nice=0):
+        process = ManagedProcess(
+            name, argv, {**self.env, **(env or {})}, self.folder / f"{name}.log", nice
+        )
+        self.processes.append(process)
+        process.start()
+        return process
+
+    def _start_worker(self, role: str, spare: bool = False) -> Worker:
+        assert self.model is not None
+        ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
+        launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
+        name = f"worker-{next(self._serial)}-{role}"
+        env = dict(launch.env)
+        if spare:
+            self.own_store[name] = self.folder / f"{name}-discovery"
+            env["DYN_FILE_KV"] = str(self.own_store[name])
+        process = self.spawn(name, list(launch.argv), env, launch.niceness)
+        return Worker(name, role, process, ports)
+
+    def _hand_over(self, worker: Worker) -> None:
+        """Link a spare's entries (those it has written so far) into the pool's folder."""
+        own = self.own_store.get(worker.name)
+        if own is None or not own.is_dir():
+            return
+        for entry in own.rglob("*"):
+            target = self.store / entry.relative_to(own)
+            if entry.is_file() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):  # its lease ran out meanwhile
+                    os.link(entry, target)  # one inode: the keep-alive freshens both
+
+    def draw(self, case: Case, deadline: Deadline) -> list[Worker]:
+        """Every worker, once each is alive, registered and idle: the instances of one case."""
+        self._check_same_launch(case)
+
+        def probe() -> tuple[list[Worker] | None, str]:
+            self.raise_if_exited()
+            waiting = []
+            for worker in self.workers:
+                self._hand_over(worker)
+                ids = registrations.instance_ids(self.store, worker.ports["system"])
+                if not ids:
+                    waiting.append(f"{worker.name} not registered")
+                elif not answers(worker.ports["system"]):
+                    waiting.append(f"{worker.name} not answering on its system port")
+                else:
+                    self.instance_ids[worker.name] = ids
+            if not waiting:  # one look at all of them, as the search for the holder does
+                waiting = [f"{w.name} holds a request" for w in self.backend.holders(self.workers)]
+            return (None if waiting else list(self.workers)), "; ".join(waiting)
+
+        drawn = poll_until(probe, deadline, "the pool's workers to be registered and idle")
+        self.draws += 1
+        return drawn
+
+    def _check_same_launch(self, case: Case) -> None:
+        """A backend whose launch depends on more of the case than its `worker_variant` says
+        would hand a case workers started for another: refuse, naming the fix."""
+        assert self.model is not None
+        for worker in self.workers:
+            launch = self.backend.worker(worker.role, case, self.model, worker.ports, self.folder)
+            if list(launch.argv) != worker.process.argv:
+                raise HandoffError(
+                    f"backend {self.backend.name!r} launches {case.key}'s {worker.role} worker "
+                    f"unlike its pool's: its worker_variant must name what differs "
+                    f"(or run with --handoff-fresh)"
+                )
+
+    def give_back(self, drawn: list[Worker]) -> list[str]:
+        """Take back a case's workers: each one that is gone has its discovery entries
+        removed, and a spare of its role takes its place (a new spare starts), or else a
+        replacement starts in its place. Returns the entries removed."""
+        removed = []
+        for worker in drawn:
+            if worker.process.exit_code() is None:
+                continue
+            removed += registrations.remove(self.store, self.instance_ids.pop(worker.name, set()))
+            spare = next((s for s in self.spares if s.role == worker.role), None)
+            if spare is None:
+                successor = self._start_worker(worker.role)
+            else:
+                self.spares.remove(spare)
+                self.spares.append(self._start_worker(worker.role, spare=True))
+                successor = spare
+            self.workers[self.workers.index(worker)] = successor
+        return removed
+
+    def raise_if_exited(self) -> None:
+        """Fail with the name, exit code and log tail of the first live process that exited."""
+        live = [w.process for w in self.workers + self.spares]
+        for process in [p for p in self.processes if p.name == "nats-server"] + live:
+            code = process.exit_code()
+            if code is not None:
+                raise StartupFailure(
+                    f"{process.name} exited with code {code} during start-up; "
+                    f"log {process.log_path}:\n{process.log_tail()}"
+                )
+
+    def stop(self) -> list[str]:
+        """Kill every process the pool started; returns the problems found (survivors, ports
+        still bound); empty means clean."""
+        return stop_all(self.processes, self.leases)
+
+
+def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
+    """SIGKILL every tree at once, wait until all are gone and every leased port is free."""
+    problems = []
+    deadline = Deadline(TEARDOWN_TIMEOUT_S)
+    started = [p for p in reversed(processes) if p.popen is not None]
+    for process in started:  # signal every tree first, then wait: they die in parallel
+        process.kill()
+    for process in started:
+        if survivors := process.wait_gone(deadline):
+            pids = ", ".join(str(p.pid) for p in survivors)
+            problems.append(f"{process.name} still alive after SIGKILL: pids {pids}")
+    try:
+        poll_until(
+            lambda: (True, None) if not (busy := _busy(leases)) else (None, busy),
+            deadline,
+            "the ports to be free",
+        )
+    except Timeout as exc:
+        problems.append(str(exc))
+    leases.release()
+    return problems
+
+
+def _busy(leases: PortLeases) -> list[int]:
+    return [port for port in leases.ports if not bindable(port)]
+
+
+class Pools:
+    """The pool of one pytest process: one at a time, since a pool's cases run one after
+    another (handoff.scheduling) and an idle worker is not free everywhere (a disaggregated
+    vLLM worker on a CPU spins). Nothing outlives `close()`."""
+
+    def __init__(self, folder: Path, tag: str = "") -> None:
+        self.folder = folder
+        self.tag = tag
+        self.current: tuple[PoolKey, Pool] | None = None
+        #: Problems found stopping pools that no case failed in; `close()` reports them.
+        self.problems: list[str] = []
+        self._names: dict[int, str] = {}
+        self._serial = count(1)
+
+    def pool_for(self, backend: Backend, case: Case, roles: tuple[str, ...]) -> Pool:
+        """The pool of `case`'s key; a new one, not started yet, in place of the last when that
+        served another key, or as many cases as the backend has distinct prompts."""
+        key = PoolKey.of(backend, case, roles)
+        if self.current is not None:
+            last_key, last = self.current
+            if last_key != key or last.draws >= backend.distinct_prompts:
+                self.problems += [f"pool {self.name(last)}: {p}" for p in self.discard(last)]
+        if self.current is None:
+            name = f"{self.tag}{next(self._serial)}-{key.label}"
+            spares = int(backend.setting("spare_workers"))
+            pool = Pool(backend, case, roles, self.folder / name, spares)
+            self._names[id(pool)] = name
+            self.current = (key, pool)
+        return self.current[1]
+
+    def name(self, pool: Pool) -> str:
+        return self._names[id(pool)]
+
+    def live_processes(self) -> list[psutil.Process]:
+        """Every process of the current pool, children included."""
+        if self.current is None:
+            return []
+        return [proc for process in self.current[1].processes for proc in process.tree()]
+
+    def discard(self, pool: Pool, keep_in: Path | None = None) -> list[str]:
+        """Stop `pool` for good; its logs move into `keep_in` (a failed case's folder), or go."""
+        if self.current is not None and self.current[1] is pool:
+            self.current = None
+        problems = pool.stop()
+        if keep_in is not None and pool.folder.exists():
+            keep_in.mkdir(parents=True, exist_ok=True)
+            shutil.move(pool.folder, keep_in / f"pool-{self.name(pool)}")
+        else:
+            shutil.rmtree(pool.folder, ignore_errors=True)
+        return problems
+
+    def close(self) -> list[str]:
+        """Stop the current pool; every problem found stopping pools, each naming its pool."""
+        if self.current is not None:
+            pool = self.current[1]
+            self.problems += [f"pool {self.name(pool)}: {p}" for p in self.discard(pool)]
+        return self.problems
+
+
+def answers(system_port: int) -> bool:
+    """Whether a worker serves its own /metrics: alive enough to be handed out. (Its /health
+    is no help: a mocker worker says `notready` all its life on Dynamo 1.6.1.)"""
+    try:
+        metrics.scrape(f"http://{services.LOOPBACK}:{system_port}/metrics", timeout_s=2)
+    except requests.RequestException:
+        return False
+    return True

@@ -1,0 +1,80 @@
+"""A worker's entries in Dynamo's file discovery store (`DYN_FILE_KV`), found and removed.
+
+A SIGKILLed worker's entries stay until its lease runs out, about 10 s, and until then every
+frontend on that folder lists and may route to the dead instance (measured on Dynamo 1.6.1,
+docs/known-issues.md). Layout of the store, as Dynamo 1.6.1 writes it:
+
+- `v1/mdc/<ns>%2F<component>%2F<endpoint>%2F<instance hex>`: the worker's model card, JSON with
+  its decimal `instance_id`; the card's files are served from the worker's system port, so the
+  card names `127.0.0.1:<system port>/`. That is how a card is tied to a worker handoff started.
+- `v1/instances/...%2F<instance hex>`: the endpoints the frontend routes to, one per endpoint
+  the worker serves (`generate`, and `worker_kv_query_source_<publisher hex>` where it
+  publishes KV events).
+- `v1/event_channels/...%2F<publisher hex>` and `v1/event_sources/...`: its KV-event channel.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from handoff.services import LOOPBACK
+
+KV_QUERY_PREFIX = "worker_kv_query_source_"
+
+
+def _entries(store: Path, kind: str) -> list[Path]:
+    folder = store / "v1" / kind
+    return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # removed or half-written between listing and reading
+        return {}
+
+
+def _suffix(path: Path) -> str:
+    return path.name.rsplit("%2F", 1)[-1]
+
+
+def instance_ids(store: Path, system_port: int) -> set[int]:
+    """The instance ids of the worker whose system server listens on `system_port`, from the
+    model cards it registered: empty until it has registered."""
+    served_from = f"//{LOOPBACK}:{system_port}/"
+    return {
+        card["instance_id"]
+        for path in _entries(store, "mdc")
+        if served_from in json.dumps(card := _read(path)) and "instance_id" in card
+    }
+
+
+def entries_of(store: Path, ids: set[int]) -> list[Path]:
+    """Every entry of the worker with instance `ids`: its cards, its endpoints, and the event
+    channel of the KV publisher its endpoints name."""
+    hexes = {f"{i:x}" for i in ids}
+    instances = [p for p in _entries(store, "instances") if _suffix(p) in hexes]
+    publishers = {
+        endpoint.removeprefix(KV_QUERY_PREFIX)
+        for p in instances
+        if (endpoint := _read(p).get("endpoint", "")).startswith(KV_QUERY_PREFIX)
+    }
+    cards = [p for p in _entries(store, "mdc") if _suffix(p) in hexes]
+    channels = [
+        p
+        for kind in ("event_channels", "event_sources")
+        for p in _entries(store, kind)
+        if _suffix(p) in publishers
+    ]
+    return cards + instances + channels
+
+
+def remove(store: Path, ids: set[int]) -> list[str]:
+    """Remove a dead worker's entries, so no frontend lists or routes to it; returns them,
+    relative to the store."""
+    removed = []
+    for path in entries_of(store, ids):
+        path.unlink(missing_ok=True)
+        removed.append(str(path.relative_to(store)))
+    return removed

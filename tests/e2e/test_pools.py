@@ -1,0 +1,104 @@
+"""Warm worker pools on the real Dynamo frontend and mocker workers: a case draws exactly its
+instances, a spare nobody sees takes the faulted worker's place, a dead worker's entries are
+removed (and a case would fail on them), and a failed case takes its pool down with its logs."""
+
+import psutil
+import pytest
+
+from handoff import pool as pool_module
+from handoff.cases import Case
+from handoff.policies import POLICIES
+from handoff.pool import Pools
+from handoff.ports import bindable
+from handoff.runner import Settings, run_case
+from handoff_mocker import MockerBackend
+
+SETTINGS = Settings(keep_logs=True)
+#: Two cases of one pool: mocker aggregate workers on the TCP plane.
+FIRST = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+SECOND = Case.from_id("migration_disabled-worker_failure-chat-unary-tcp")
+
+
+@pytest.fixture
+def pools(tmp_path):
+    pools = Pools(tmp_path / "pools")
+    yield pools
+    assert pools.close() == []
+
+
+def ready(result) -> dict:
+    return next(e.data for e in result.history.events if e.name == "ready")
+
+
+def removed(result) -> list[str]:
+    return next(e.data for e in result.history.events if e.name == "teardown_done")["removed"]
+
+
+def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pools, tmp_path):
+    backend = MockerBackend()
+    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    assert first.verdict.passed, first.verdict.reasons
+    pool = pools.current[1]
+    before = ready(first)
+    spare = next(w for w in pool.workers if w.name not in before["workers"])
+    assert spare.name in pool.own_store  # a spare, in a discovery folder of its own,
+    request_at = first.history.started + next(
+        e.at for e in first.history.events if e.name == "request_sent"
+    )
+    assert spare.process.started_at < request_at  # running all through the first case,
+    listed = [e.data for e in first.history.events if e.name == "frontend_listed"]
+    assert listed[-1]["backend/generate"] == 2  # and never listed by its frontend
+    faulted = next(e.data["worker"] for e in first.history.events if e.name == "fault_sent")
+    assert any(entry.startswith("v1/instances/") for entry in removed(first))
+
+    second = run_case(backend, SECOND, tmp_path / "second", SETTINGS, 60, pools=pools)
+    assert second.verdict.passed, second.verdict.reasons
+    after = ready(second)
+    assert after["pool"] == before["pool"] and after["cases_before"] == 1
+    survivor = next(w for w in before["workers"] if w != faulted)
+    assert sorted(after["workers"]) == sorted([survivor, spare.name])
+    pids = [p.pid for p in pool.processes]
+    leased = pool.leases.ports
+
+    assert pools.close() == []
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    assert all(bindable(port) for port in leased)
+
+
+def test_a_dead_workers_entries_would_fail_the_next_case_and_the_pool_removes_them(
+    pools, tmp_path, monkeypatch
+):
+    """Without the removal, the second case's frontend lists the worker the first case
+    killed (its lease has seconds to run) and the case fails, naming it; with it, it passes."""
+    backend = MockerBackend()
+    monkeypatch.setattr(pool_module.registrations, "remove", lambda store, ids: [])
+    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    assert first.verdict.passed, first.verdict.reasons
+    stale = run_case(backend, SECOND, tmp_path / "stale", SETTINGS, 60, pools=pools)
+    assert not stale.verdict.passed
+    (reason,) = stale.verdict.reasons
+    assert "that are none of this case's workers" in reason and "stale registration" in reason
+    assert pools.current is None  # the failed case took its pool down
+
+    monkeypatch.undo()
+    again = run_case(backend, FIRST, tmp_path / "again", SETTINGS, 60, pools=pools)
+    clean = run_case(backend, SECOND, tmp_path / "clean", SETTINGS, 60, pools=pools)
+    assert again.verdict.passed and clean.verdict.passed, clean.verdict.reasons
+    assert ready(clean)["pool"] == ready(again)["pool"] != ready(first)["pool"]
+
+
+def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
+    backend = MockerBackend()
+    off = POLICIES["migration_disabled"]
+    failed = run_case(backend, FIRST, tmp_path / "failed", SETTINGS, 60, off, pools=pools)
+    assert not failed.verdict.passed
+    name = ready(failed)["pool"]
+    kept = tmp_path / "failed" / f"pool-{name}"
+    logs = sorted(p.name for p in kept.glob("*.log"))
+    assert logs and all(n.startswith(("worker-", "nats")) for n in logs)
+    assert (tmp_path / "failed" / "frontend.log").exists()
+    assert any(e.name == "pool_discarded" for e in failed.history.events)
+
+    after = run_case(backend, SECOND, tmp_path / "after", SETTINGS, 60, pools=pools)
+    assert after.verdict.passed, after.verdict.reasons
+    assert ready(after)["pool"] != name and ready(after)["cases_before"] == 0
