@@ -2,6 +2,10 @@
 instances, a spare nobody sees takes the faulted worker's place, a dead worker's entries are
 removed (and a case would fail on them), and a failed case takes its pool down with its logs."""
 
+import os
+import subprocess
+import sys
+
 import psutil
 import pytest
 
@@ -10,6 +14,8 @@ from handoff.cases import Case
 from handoff.policies import POLICIES
 from handoff.pool import Pools
 from handoff.ports import bindable
+from handoff.pytest_plugin import RUN_DIR_ENV
+from handoff.results import RunResults
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend
 
@@ -102,3 +108,23 @@ def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
     after = run_case(backend, SECOND, tmp_path / "after", SETTINGS, 60, pools=pools)
     assert after.verdict.passed, after.verdict.reasons
     assert ready(after)["pool"] != name and ready(after)["cases_before"] == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [((), "main-1-mocker-aggregate+aggregate-nats-"), (("--handoff-fresh",), "fresh")],
+)
+def test_the_results_say_whether_each_case_ran_on_a_pool_or_fresh(tmp_path, flags, expected):
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-q",
+        "-p", "no:cacheprovider", "--handoff-backend", "mocker", "-k", "aggregate and nats",
+        *flags,
+    ]  # fmt: skip
+    env = {**os.environ, RUN_DIR_ENV: str(run_dir)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    cases = RunResults.load(run_dir).cases
+    assert len(cases) == 4
+    assert all(c.pool.startswith(expected) for c in cases), [c.pool for c in cases]
+    assert all(len(c.workers) == 2 for c in cases)

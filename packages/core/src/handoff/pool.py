@@ -124,13 +124,13 @@ class Pool:
         self.env = services.runtime_env(self.store, self.nats_port)
         if self.nats_port is not None:
             nats = services.nats_command(self.nats_port, self.folder / "nats")
-            self.spawn("nats-server", nats)
+            self._spawn("nats-server", nats)
         self.workers = [self._start_worker(role) for role in self.roles]
         target = topology(self.case.topology).target_role
         if target in self.roles:
             self.spares = [self._start_worker(target, spare=True) for _ in range(self.spare_count)]
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, nice=0):
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, nice: int = 0):
         process = ManagedProcess(
             name, argv, {**self.env, **(env or {})}, self.folder / f"{name}.log", nice
         )
@@ -147,7 +147,7 @@ class Pool:
         if spare:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
-        process = self.spawn(name, list(launch.argv), env, launch.niceness)
+        process = self._spawn(name, list(launch.argv), env, launch.niceness)
         return Worker(name, role, process, ports)
 
     def _hand_over(self, worker: Worker) -> None:

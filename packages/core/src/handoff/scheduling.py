@@ -10,9 +10,10 @@
   configure time, before xdist (trylast) starts them, and the report header says so. `-n auto`
   is cut the same way (xdist counts physical cores, blind to masks and quotas).
   HANDOFF_CPU_SLOTS=N allows N workers on purpose.
-- Order: the cases start longest first by their `timeout` marker; among equal timeouts the
-  cases of one pool of workers (`handoff.pool`, their `xdist_group`) run one after another,
-  pools in the order of their first case (a stable sort otherwise). With pools xdist runs
+- Order: the cases of one pool of workers (`handoff.pool`, their `xdist_group`) run one after
+  another, pools longest first by their longest case's `timeout` marker, then in the order of
+  their first case (a stable sort otherwise; without pools each case is a pool of its own, so
+  the cases start longest first). With pools xdist runs
   `--dist loadgroup`, so each pool's cases go to one xdist worker; without pools it hands each
   worker a few items at a time, and the start order is longest first up to those chunks.
 - GPU memory: a case with `profiled_vram_gib` above 0 (or `whole_gpu`) takes a reservation from
@@ -149,10 +150,14 @@ class Scheduler:
         cases = [i for i in items if is_case(i)]
         if not cases:
             return
-        first = {}  # each pool's first place: a pool's cases run one after another
+        first: dict[str, int] = {}  # each pool's first place
+        longest: dict[str, float] = {}  # each pool's longest case
         for n, item in enumerate(cases):
             first.setdefault(pool_of(item), n)
-        ordered = iter(sorted(cases, key=lambda i: (-demand(i).timeout_s, first[pool_of(i)])))
+            longest[pool_of(item)] = max(longest.get(pool_of(item), 0.0), demand(item).timeout_s)
+        # A pool's cases run one after another, pools longest first.
+        order = sorted(cases, key=lambda i: (-longest[pool_of(i)], first[pool_of(i)]))
+        ordered = iter(order)
         items[:] = [next(ordered) if is_case(i) else i for i in items]
         demands = {i: demand(i) for i in items if is_case(i)}
         on_gpu = [i for i, d in demands.items() if d.needs_gpu]
