@@ -159,7 +159,7 @@ def test_handoff_cases_shows_the_device_and_what_each_runs(team, tiny, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "# device: cpu (from command line --device); --device picks another"
     assert out[1].startswith("#   cuda: GPUs") and out[2].startswith("#   cpu: CPUs")
-    assert "timeout=80 requested_vllm_kv_cache_bytes=1073741824" in "\n".join(out)
+    assert "timeout=120 requested_vllm_kv_cache_bytes=1073741824" in "\n".join(out)
 
 
 @pytest.mark.parametrize(

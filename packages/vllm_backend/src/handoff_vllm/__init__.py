@@ -84,6 +84,7 @@ class VllmBackend(DynamoGpuBackend):
             "model": tiny_model.NAME,
             "startup_timeout_s": cpu.STARTUP_TIMEOUT_S,
             "max_tokens": cpu.OUTPUT_TOKENS,
+            "spare_workers": cpu.SPARE_WORKERS,
         }
     }
     unsupported = {

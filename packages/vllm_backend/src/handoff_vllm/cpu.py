@@ -64,9 +64,15 @@ CONTEXT_TOKENS = 2048
 OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 1024}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
-#: Per topology, 3x the longest case measured in two runs of the pre-merge selection on a
-#: 2-core machine (26.5, 92.3 and 65.7 s; benchmarks/RESULTS.md).
-TIMEOUTS = {"aggregate": 80.0, "decode": 280.0, "kv_transfer": 200.0}
+#: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
+#: machine (39.0, 114.4 and 109.6 s, the first case of a pool starting its workers;
+#: benchmarks/RESULTS.md).
+TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0}
+#: No spare workers: an idle disaggregated worker's NIXL thread keeps a core busy, and with a
+#: spare decode worker beside a prefill and two decode workers on 2 cores a decode worker's
+#: NIXL handshake with the prefill worker timed out (`handshake_setup_failed`, zmq `Again`
+#: after 20 s: the baseline failed with HTTP 500; benchmarks/RESULTS.md).
+SPARE_WORKERS = 0
 #: 3x the slowest start-up measured there: three workers importing torch and vLLM at once
 #: (83.8 s).
 STARTUP_TIMEOUT_S = 250.0
