@@ -42,6 +42,8 @@ from handoff.ports import PortLeases, bindable
 from handoff.processes import ManagedProcess
 
 TEARDOWN_TIMEOUT_S = 15.0
+#: Pools are numbered in the order a process starts them, whatever `Pools` starts them.
+POOL_SERIAL = count(1)
 
 
 class StartupFailure(CaseFailure):
@@ -274,7 +276,6 @@ class Pools:
         #: Problems found stopping pools that no case failed in; `close()` reports them.
         self.problems: list[str] = []
         self._names: dict[int, str] = {}
-        self._serial = count(1)
 
     def pool_for(self, backend: Backend, case: Case, roles: tuple[str, ...]) -> Pool:
         """The pool of `case`'s key; a new one, not started yet, in place of the last when that
@@ -285,7 +286,7 @@ class Pools:
             if last_key != key or last.draws >= backend.distinct_prompts:
                 self.problems += [f"pool {self.name(last)}: {p}" for p in self.discard(last)]
         if self.current is None:
-            name = f"{self.tag}{next(self._serial)}-{key.label}"
+            name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
             spares = int(backend.setting("spare_workers"))
             pool = Pool(backend, case, roles, self.folder / name, spares)
             self._names[id(pool)] = name

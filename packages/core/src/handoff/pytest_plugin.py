@@ -221,10 +221,11 @@ def handoff_run_dir() -> Path:
     return Path(os.environ[RUN_DIR_ENV])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def handoff_pools(handoff_backend: Backend, handoff_run_dir: Path):
     """This pytest process's warm worker pools, or None for fresh deployments; every pool is
-    stopped at the end of the run, on Ctrl-C and SIGTERM too."""
+    stopped after the suite's module (the whole run for `--pyargs handoff.qualification`), on
+    Ctrl-C and SIGTERM too."""
     if handoff_backend.setting("fresh_deployments"):
         yield None
         return
