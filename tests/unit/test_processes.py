@@ -91,7 +91,8 @@ def test_a_niceness_reaches_the_process_and_its_children(tmp_path):
             Deadline(10),
             "bash and its sleep",
         )
-        assert [p.nice() for p in tree] == [base + 7, base + 7]
+        expected = min(base + 7, 19)  # the kernel's ceiling, for a test run under nice
+        assert [p.nice() for p in tree] == [expected, expected]
     finally:
         process.kill()
         process.wait_gone(Deadline(10))

@@ -63,3 +63,11 @@ def test_removing_a_worker_takes_its_entries_and_only_its(tmp_path):
     assert sorted(removed) == sorted(str(p.relative_to(tmp_path)) for p in mine)
     assert not any(p.exists() for p in mine)
     assert all(p.exists() for p in theirs)
+
+
+def test_a_worker_with_a_card_but_no_endpoint_yet_is_not_registered(tmp_path):
+    """vLLM writes its model card first: a frontend would not list it yet."""
+    write(tmp_path, "mdc", "dynamo%2Fbackend%2Fgenerate%2F5ed1229dfdebd7ac", card(GENERATE, 28923))
+    assert registrations.instance_ids(tmp_path, 28923) == set()
+    write(tmp_path, "instances", "dynamo%2Fbackend%2Fgenerate%2F5ed1229dfdebd7ac", {})
+    assert registrations.instance_ids(tmp_path, 28923) == {GENERATE}

@@ -220,3 +220,9 @@ def test_configure_keeps_a_team_default_over_the_device_default():
     backend.configure(Configuration("vllm", values))
     assert backend.setting("startup_timeout_s") == 99.0
     assert backend.setting("model") == tiny_model.NAME
+
+
+def test_the_cpu_device_keeps_no_spare_workers_unless_a_team_asks():
+    assert on_cpu().setting("spare_workers") == 0
+    assert on_cpu().configuration.values["spare_workers"].source == "vllm backend default on cpu"
+    assert on_cpu(spare_workers=1).setting("spare_workers") == 1

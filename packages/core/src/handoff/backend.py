@@ -130,10 +130,10 @@ class Backend(ABC):
         self.configuration = configuration
         device = self.device
         values = dict(configuration.values)
-        default = f"{self.name} backend default"
+        defaults = (f"{self.name} backend default", "built-in default")
         for key, value in self.device_defaults.get(device, {}).items():
-            if key not in values or values[key].source == default:
-                values[key] = Setting(value, f"{default} on {device}")
+            if key not in values or values[key].source in defaults:
+                values[key] = Setting(value, f"{defaults[0]} on {device}")
         self.configuration = Configuration(configuration.backend, values)
 
     @property

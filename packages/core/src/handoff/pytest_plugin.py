@@ -222,15 +222,15 @@ def handoff_run_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def handoff_pools(handoff_backend: Backend, handoff_run_dir: Path):
+def handoff_pools(request: pytest.FixtureRequest, handoff_backend: Backend, handoff_run_dir: Path):
     """This pytest process's warm worker pools, or None for fresh deployments; every pool is
     stopped after the suite's module (the whole run for `--pyargs handoff.qualification`), on
     Ctrl-C and SIGTERM too."""
     if handoff_backend.setting("fresh_deployments"):
         yield None
         return
-    tag = os.environ.get("PYTEST_XDIST_WORKER", "main") + "-"
-    pools = Pools(handoff_run_dir / "pools", tag)
+    worker = getattr(request.config, "workerinput", {}).get("workerid", "main")
+    pools = Pools(handoff_run_dir / "pools", f"{worker}-")
     try:
         yield pools
     finally:

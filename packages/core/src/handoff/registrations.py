@@ -40,13 +40,17 @@ def _suffix(path: Path) -> str:
 
 
 def instance_ids(store: Path, system_port: int) -> set[int]:
-    """The instance ids of the worker whose system server listens on `system_port`, from the
-    model cards it registered: empty until it has registered."""
+    """The instance ids of the worker whose system server listens on `system_port`: those of
+    the model cards it registered whose endpoints are registered too (a vLLM worker writes its
+    card before its endpoints). Empty until then."""
     served_from = f"//{LOOPBACK}:{system_port}/"
+    endpoints = {_suffix(p) for p in _entries(store, "instances")}
     return {
         card["instance_id"]
         for path in _entries(store, "mdc")
-        if served_from in json.dumps(card := _read(path)) and "instance_id" in card
+        if served_from in json.dumps(card := _read(path))
+        and "instance_id" in card
+        and f"{card['instance_id']:x}" in endpoints
     }
 
 
