@@ -120,11 +120,19 @@ def engine_processes(runs: IsolatedRuns) -> dict[int, float]:
 
     def probe():
         found = members(runs)
-        engines = [p for p in found if "EngineCore" in " ".join(p.cmdline())]
+        engines = [p for p in found if "EngineCore" in command_line(p)]
         return (found if len(engines) >= 2 else None), f"{len(engines)} engine processes"
 
     found = poll_until(probe, Deadline(300), "both workers' engine processes")
     return {p.pid: p.create_time() for p in found}
+
+
+def command_line(process: psutil.Process) -> str:
+    """Its command line; empty once it has exited (a start-up helper may be gone already)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def members(runs: IsolatedRuns) -> list[psutil.Process]:
