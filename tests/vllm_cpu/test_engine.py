@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -17,7 +18,7 @@ from handoff.policies import POLICIES, policy
 from handoff.polling import Deadline, poll_until
 from handoff.processes import group_members
 from handoff.runner import Settings, run_case
-from handoff_vllm import VllmBackend, tiny_model
+from handoff_vllm import VllmBackend
 
 SETTINGS = Settings(keep_logs=True, startup_timeout_s=300)
 STREAM = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "aggregate")
@@ -54,8 +55,10 @@ def test_the_fault_sent_to_the_idle_worker_fails_the_case(vllm_cpu, tmp_path):
 
 
 class OtherWeights(VllmBackend):
-    """The second worker serves the same model name with weights of another seed: a migration
-    between the two continues the text with another model's tokens."""
+    """The second worker serves the same model folder with other weights: vLLM's dummy
+    weights from another seed. Same folder, so the same model card: Dynamo's frontend rejects
+    a worker whose card differs (its `source_path` is part of the checksum), and would never
+    migrate to it. A migration between the two continues with another model's tokens."""
 
     launched = 0
 
@@ -64,9 +67,8 @@ class OtherWeights(VllmBackend):
         self.launched += 1
         if self.launched == 1:
             return launch
-        argv = list(launch.argv)
-        argv[argv.index("--model") + 1] = str(tiny_model.ensure(seed=1))
-        return type(launch)(argv, launch.env)
+        argv = [*launch.argv, "--load-format", "dummy", "--seed", "1"]
+        return replace(launch, argv=argv)
 
 
 def test_a_worker_with_other_weights_breaks_exact_continuity(vllm_cpu, tmp_path):
