@@ -97,7 +97,7 @@ def test_start_up_failure_names_the_process_and_its_log(tmp_path):
     assert not result.verdict.passed
     assert result.verdict.phase == "launch"
     reason = result.verdict.reasons[0]
-    # Both workers carry the bad flag; whichever exits first is named.
+    # Every worker carries the bad flag (a pool's spare too); whichever exits first is named.
     assert re.search(r"worker-\d-aggregate exited with code 2 during start-up", reason)
     assert "unrecognized arguments: --no-such-flag" in reason
 
