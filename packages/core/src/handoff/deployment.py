@@ -73,7 +73,7 @@ class Deployment:
     @property
     def processes(self) -> list[ManagedProcess]:
         """The processes serving this case: the pool's NATS, the drawn workers, the frontend."""
-        nats = [p for p in self.pool.processes if p.name == "nats-server"]
+        nats = [self.pool.nats] if self.pool.nats else []
         workers = [w.process for w in self.workers]
         return nats + ([self.frontend] if self.frontend else []) + workers
 

@@ -92,6 +92,7 @@ class Pool:
         self.model: Model | None = None
         self.env: dict[str, str] = {}
         self.nats_port: int | None = None
+        self.nats: ManagedProcess | None = None
         #: Each live worker's instance ids in the discovery store, once it has registered.
         self.instance_ids: dict[str, set[int]] = {}
         #: Cases drawn so far: the next case's prompt variant.
@@ -102,6 +103,11 @@ class Pool:
         #: Worker name -> the folder it registers in, for spares and the spares handed over.
         self.own_store: dict[str, Path] = {}
         self._serial = count()
+
+    @property
+    def name(self) -> str:
+        """The pool's folder's name, e.g. `gw0-3-mocker-aggregate+aggregate-tcp-1.0-0.0`."""
+        return self.folder.name
 
     @property
     def store(self) -> Path:
@@ -126,7 +132,7 @@ class Pool:
         self.env = services.runtime_env(self.store, self.nats_port)
         if self.nats_port is not None:
             nats = services.nats_command(self.nats_port, self.folder / "nats")
-            self._spawn("nats-server", nats)
+            self.nats = self._spawn("nats-server", nats)
         self.workers = [self._start_worker(role) for role in self.roles]
         target = topology(self.case.topology).target_role
         if target in self.roles:
@@ -224,7 +230,7 @@ class Pool:
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first live process that exited."""
         live = [w.process for w in self.workers + self.spares]
-        for process in [p for p in self.processes if p.name == "nats-server"] + live:
+        for process in ([self.nats] if self.nats else []) + live:
             code = process.exit_code()
             if code is not None:
                 raise StartupFailure(
@@ -276,7 +282,6 @@ class Pools:
         self.current: tuple[PoolKey, Pool] | None = None
         #: Problems found stopping pools that no case failed in; `close()` reports them.
         self.problems: list[str] = []
-        self._names: dict[int, str] = {}
 
     def pool_for(self, backend: Backend, case: Case, roles: tuple[str, ...]) -> Pool:
         """The pool of `case`'s key; a new one, not started yet, in place of the last when that
@@ -285,17 +290,12 @@ class Pools:
         if self.current is not None:
             last_key, last = self.current
             if last_key != key or last.draws >= backend.distinct_prompts:
-                self.problems += [f"pool {self.name(last)}: {p}" for p in self.discard(last)]
+                self.problems += [f"pool {last.name}: {p}" for p in self.discard(last)]
         if self.current is None:
             name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
             spares = int(backend.setting("spare_workers"))
-            pool = Pool(backend, case, roles, self.folder / name, spares)
-            self._names[id(pool)] = name
-            self.current = (key, pool)
+            self.current = (key, Pool(backend, case, roles, self.folder / name, spares))
         return self.current[1]
-
-    def name(self, pool: Pool) -> str:
-        return self._names[id(pool)]
 
     def live_processes(self) -> list[psutil.Process]:
         """Every process of the current pool, children included."""
@@ -310,7 +310,7 @@ class Pools:
         problems = pool.stop()
         if keep_in is not None and pool.folder.exists():
             keep_in.mkdir(parents=True, exist_ok=True)
-            shutil.move(pool.folder, keep_in / f"pool-{self.name(pool)}")
+            shutil.move(pool.folder, keep_in / f"pool-{pool.name}")
         else:
             shutil.rmtree(pool.folder, ignore_errors=True)
         return problems
@@ -319,7 +319,7 @@ class Pools:
         """Stop the current pool; every problem found stopping pools, each naming its pool."""
         if self.current is not None:
             pool = self.current[1]
-            self.problems += [f"pool {self.name(pool)}: {p}" for p in self.discard(pool)]
+            self.problems += [f"pool {pool.name}: {p}" for p in self.discard(pool)]
         return self.problems
 
 

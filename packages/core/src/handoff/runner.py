@@ -79,7 +79,7 @@ def run_case(
         deployment.start(deadline.within(settings.startup_timeout_s))
         history.record(
             "ready",
-            pool=pools.name(pool) if pools and pool else "fresh",
+            pool=pool.name if pool else "fresh",
             cases_before=draws_before,
             workers=[w.name for w in deployment.workers],
             pids={p.name: p.pid for p in deployment.processes},
@@ -100,7 +100,7 @@ def run_case(
     if pools and pool and not verdict.passed:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
         discarded = pools.discard(pool, keep_in=folder)
-        history.record("pool_discarded", pool=pools.name(pool), problems=discarded)
+        history.record("pool_discarded", pool=pool.name, problems=discarded)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
