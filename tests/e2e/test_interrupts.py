@@ -20,7 +20,7 @@ def test_an_interrupted_run_tears_its_case_down(runs, sig):
     started = runs.wait_for_deployment()
     run.send_signal(sig)
     out, _ = run.communicate(timeout=60)
-    assert run.returncode != 0
+    assert run.returncode != 0, out[-4000:]
     assert "KeyboardInterrupt" in out or "Interrupted" in out, out[-2000:]
     runs.assert_clean(started)
     runs.next_run_is_clean()

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from handoff import container, doctor, profiling, report
+from handoff import container, doctor, durations, merge, profiling, report
 from handoff.backend import Backend
 from handoff.cases import (
     SELECTIONS,
@@ -30,6 +30,7 @@ from handoff.covering import Model, format_interaction, trace
 from handoff.errors import HandoffError
 from handoff.nightly import print_table, run_nightly
 from handoff.plugins import configured_backend, load
+from handoff.results import RunResults
 from handoff.settings import KEYS
 
 DEVICE_HELP = "the device whose cases and settings to show (default: the device setting)"
@@ -78,6 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     past_run.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run folder")
     commands.add_parser("doctor", help="what this machine has for handoff, and what it lacks")
+    timings = commands.add_parser(
+        "durations",
+        help="pytest-split's durations file from past runs: each case's median seconds",
+    )
+    timings.add_argument("run_dirs", metavar="RUN_DIR", type=Path, nargs="+")
+    timings.add_argument(
+        "-o", "--output", type=Path, help="default: the durations_file setting of the backend"
+    )
+    shards = commands.add_parser(
+        "merge", help="the shards of a split run (--splits N --group G) as one run folder"
+    )
+    shards.add_argument("run_dirs", metavar="RUN_DIR", type=Path, nargs="+")
+    shards.add_argument("-o", "--output", type=Path, required=True, help="the merged run folder")
     args, extra = parser.parse_known_args(argv)
     if args.command == "profile":  # its own parser: handoff.profiling
         return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
@@ -100,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             return report.report(args.run_dir)
         if args.command == "doctor":
             return doctor.main()
+        if args.command == "durations":
+            return write_durations(args.run_dirs, args.output)
+        if args.command == "merge":
+            merge.merge(args.run_dirs, args.output)
+            return report.report(args.output)
         return list_cases(args.backend, args.device, args.topology, args.selection)
     except HandoffError as exc:
         print(f"handoff: error: {exc}", file=sys.stderr)
@@ -231,6 +250,17 @@ def qualify_backend(backend: str, selection_name: str, image: str | None, rest: 
         return container.main(["--backend", backend, "--image", found[0], "--", *args])
     argv = container.pytest_command(backend, args, sys.executable)
     return subprocess.run(argv, check=False).returncode
+
+
+def write_durations(run_dirs: list[Path], output: Path | None) -> int:
+    runs = [RunResults.load(run_dir) for run_dir in run_dirs]
+    found, measured = durations.median_durations(runs)
+    if output is None:
+        device = (runs[0].device or None, f"the device of {run_dirs[0]}")
+        output = durations.path_for(configured_backend(runs[0].backend, {"device": device}))
+    durations.write(output, found)
+    print(f"{output}: {len(found)} cases, {measured} measured, {len(found) - measured} estimated")
+    return 0
 
 
 def nightly_run(image: str | None, logs: Path, pytest_args: list[str]) -> int:

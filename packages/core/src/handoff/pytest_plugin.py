@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import os
 import signal
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import ownership, scheduling
+from handoff import durations, ownership, scheduling
 from handoff.backend import Backend
-from handoff.cases import SELECTIONS, backend_cases, only
+from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend
 from handoff.pool import PoolKey, Pools
@@ -25,6 +26,8 @@ from handoff.results import PROPERTY, CaseRecord, RunResults, describe
 from handoff.runner import Settings
 
 RUN_DIR_ENV = "HANDOFF_RUN_DIR"
+#: The workerinput key by which the controller tells an xdist worker it groups items by pool.
+LOADGROUP = "handoff_loadgroup"
 MARKERS = {
     "pre_merge": "case of a pre_merge selection",
     "nightly": "case of a nightly selection",
@@ -97,9 +100,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", "no") == "load" and pooled(config):
         # Each xdist worker keeps its own pools: hand it every case of a pool, in turn.
         config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get(LOADGROUP):
+        config.option.loadgroup = True  # xdist's worker names each item's group from this
     name = config.getoption("handoff_backend")
     if name:
         config.addinivalue_line("markers", f"{name}: case run against the {name} backend")
+        _split_by_recorded_durations(config)
     # One run folder for the whole run, xdist workers included: they inherit the environment.
     if RUN_DIR_ENV not in os.environ:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -109,6 +115,40 @@ def pytest_configure(config: pytest.Config) -> None:
     dry_run = config.getoption("handoff_dry_run")
     if "handoff.qualification" in config.args and not config.option.xmlpath and not dry_run:
         config.option.xmlpath = str(Path(os.environ[RUN_DIR_ENV]) / "junit.xml")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """An xdist worker decides whether to group items from its own command line, which never
+    says loadgroup when the controller chose it above: tell it."""
+    node.workerinput[LOADGROUP] = node.config.option.dist == "loadgroup"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give pytest-split (trylast) each case's recorded duration under the node id it has in
+    this process, matched by its case key: xdist's loadgroup has renamed it `<node id>@<pool>`
+    (xdist registered after this plugin, so it ran first), and pytest takes its rootdir, so
+    the id's path, from any argument naming an existing folder (`--handoff-logs DIR`)."""
+    split = config.pluginmanager.get_plugin("pytestsplitplugin")
+    if split is None:
+        return
+    recorded = split.cached_durations
+    by_key = {case_key(nodeid): seconds for nodeid, seconds in recorded.items()}
+    for item in items:
+        key = case_key(item.nodeid)
+        if item.nodeid not in recorded and key in by_key:
+            recorded[item.nodeid] = by_key[key]
+
+
+def case_key(nodeid: str) -> str:
+    """`aggregate/<case id>` of a qualification node id, whatever its path and group."""
+    return plain_nodeid(nodeid).rpartition("[")[2].removesuffix("]")
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """The node id without the `@<group>` that xdist's loadgroup appends."""
+    head, at, group = nodeid.rpartition("@")
+    return head if at and "]" not in group else nodeid
 
 
 def cpus_per_case(config: pytest.Config) -> float:
@@ -126,6 +166,20 @@ def pooled(config: pytest.Config) -> bool:
         return not chosen_backend(config).setting("fresh_deployments")
     except HandoffError:
         return False
+
+
+def _split_by_recorded_durations(config: pytest.Config) -> None:
+    """For `--splits N --group G`: pytest-split reads the backend's durations file (the
+    `durations_file` setting) and balances by least duration, unless the command line names
+    its own file or algorithm."""
+    given = [str(arg) for arg in config.invocation_params.args]
+    if not any(a.startswith("--durations-path") for a in given):
+        try:
+            config.option.durations_path = str(durations.path_for(chosen_backend(config)))
+        except HandoffError:
+            return  # a bad --handoff-backend is reported at collection, in one line
+    if not any(a.startswith("--splitting-algorithm") for a in given):
+        config.option.splitting_algorithm = "least_duration"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -178,7 +232,9 @@ def chosen_backend(config: pytest.Config) -> Backend:
         "fresh_deployments": (config.getoption("handoff_fresh"), "--handoff-fresh"),
         "spare_workers": (config.getoption("handoff_spare_workers"), "--handoff-spare-workers"),
     }
-    return configured_backend(name, overrides, Path(config.rootpath))
+    # Looked up from where pytest started, not from its rootdir: pytest takes the rootdir from
+    # any argument naming an existing folder, option values included (`--handoff-logs DIR`).
+    return configured_backend(name, overrides, Path(config.invocation_params.dir))
 
 
 def case_params(config: pytest.Config) -> list:
@@ -188,8 +244,7 @@ def case_params(config: pytest.Config) -> list:
     backend.check_environment()
     chosen = config.getoption("handoff_selection")
     params = []
-    cases = backend_cases(backend, config.getoption("handoff_topology"), chosen)
-    for case in only(cases, config.getoption("handoff_case"), backend.name, chosen):
+    for case in selected_cases(config, backend):
         marks = [getattr(pytest.mark, chosen), getattr(pytest.mark, backend.name)]
         if not backend.setting("fresh_deployments"):
             key = PoolKey.of(backend, case, backend.roles(case.topology))
@@ -200,6 +255,13 @@ def case_params(config: pytest.Config) -> list:
             marks.append(getattr(pytest.mark, marker)(value))
         params.append(pytest.param(case, id=case.key, marks=marks))
     return params
+
+
+def selected_cases(config: pytest.Config, backend: Backend) -> list[Case]:
+    """The cases the command line selects, before pytest-split takes a share of them."""
+    chosen = config.getoption("handoff_selection")
+    cases = backend_cases(backend, config.getoption("handoff_topology"), chosen)
+    return only(cases, config.getoption("handoff_case"), backend.name, chosen)
 
 
 @pytest.fixture(scope="session")
@@ -262,7 +324,9 @@ class RunReport:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
         if report.when == "call" and PROPERTY in props:
-            self.records.append(CaseRecord.from_json(props[PROPERTY]))
+            record = CaseRecord.from_json(props[PROPERTY])
+            record.nodeid = plain_nodeid(report.nodeid)
+            self.records.append(record)
         if self.progress and (report.when == "call" or report.outcome == "failed"):
             self.progress.finished(report.nodeid, report.outcome == "passed")
 
@@ -271,12 +335,19 @@ class RunReport:
         if self.progress:
             self.progress.stop()
         if self.records:
+            backend = chosen_backend(self.config)
+            option = self.config.option
+            splits = getattr(option, "splits", None)
             RunResults(
-                backend=self.config.getoption("handoff_backend"),
+                backend=backend.name,
                 selection=self.config.getoption("handoff_selection"),
                 run_dir=os.environ[RUN_DIR_ENV],
                 wall_s=round(time.monotonic() - self.started, 3),
                 cases=self.records,
+                handoff_version=importlib.metadata.version("handoff"),
+                device=backend.device,
+                selection_keys=[c.key for c in selected_cases(self.config, backend)],
+                split={"splits": splits, "group": option.group} if splits else None,
             ).write()
 
     @pytest.hookimpl

@@ -36,6 +36,8 @@ class CaseRecord:
     #: Where its workers came from: "fresh", or the pool's name; and which workers it drew.
     pool: str = ""
     workers: list[str] = field(default_factory=list)
+    #: The pytest node id it ran as: the key of pytest-split's durations file.
+    nodeid: str = ""
 
     @property
     def deployment(self) -> str:
@@ -100,6 +102,13 @@ class RunResults:
     run_dir: str
     wall_s: float
     cases: list[CaseRecord]
+    #: What `handoff merge` checks shards against: handoff's version, the backend's device,
+    #: every case key of the selection (before a split took a share), and the share this run
+    #: took ({"splits": N, "group": G}), if any.
+    handoff_version: str = ""
+    device: str = ""
+    selection_keys: list[str] = field(default_factory=list)
+    split: dict[str, int] | None = None
 
     def write(self) -> Path:
         path = Path(self.run_dir) / FILE

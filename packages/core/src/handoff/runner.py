@@ -155,6 +155,12 @@ def exercise(
     targets = [w for w in deployment.workers if w.role == where.target_role]
     holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
+    counted_early = (
+        where.proves_kv_transfer
+        and backend.kv_transfer_floor_s(case) is None
+        and transfer_counted_early(deployment, transfers_before, history)
+    )
+    evidence: list[str] = []
     if stream:
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
@@ -171,11 +177,8 @@ def exercise(
         deadline,
     )
     history.record("in_flight_proven", how=proof)
-    evidence = (
-        transfer_evidence(deployment, case, metrics_url, transfers_before, history)
-        if where.proves_kv_transfer
-        else []
-    )
+    if where.proves_kv_transfer and not counted_early:
+        evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
     first_signal = "SIGKILL" if case.fault == "worker_failure" else "SIGTERM"
     history.record(
         "fault_sent",
@@ -287,6 +290,18 @@ def record_start_up(deployment: Deployment, history: History) -> None:
             )
     for when, listed in deployment.listings:
         history.record_at("frontend_listed", when, **listed)
+
+
+def transfer_counted_early(deployment: Deployment, before: float, history: History) -> bool:
+    """One read of the decode workers' transfer counter once one holds the request (its KV came
+    first). The counter lives on the worker about to be faulted, and a busy vLLM CPU worker's
+    /metrics took 2.7 s to answer: read here, the fault can follow the in-flight proof at once.
+    If the counter lags, `transfer_evidence` waits for it after the proof, as before."""
+    counter = deployment.backend.kv_transfer_counter
+    if counter is None or (total := decode_transfers(deployment)) <= before:
+        return False
+    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
+    return True
 
 
 def transfer_evidence(

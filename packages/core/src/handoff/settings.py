@@ -44,6 +44,11 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         "workers of the faulted role each pool keeps ready, unseen by frontends, so that the "
         "next case need not wait for a replacement",
     ),
+    "durations_file": (
+        str,
+        "pytest-split's durations file for --splits N --group G (default: "
+        "durations/<backend>.json, or <backend>-<device>.json, under the working folder)",
+    ),
 }
 BUILT_IN = {"graceful_bound_s": 2.0, "fresh_deployments": False, "spare_workers": 1}
 FILES = ("handoff.toml", "pyproject.toml")

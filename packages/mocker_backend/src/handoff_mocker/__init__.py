@@ -87,7 +87,7 @@ class MockerBackend(Backend):
     one_token_per_frame = True
     uses_settings = (
         "max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
-        "fresh_deployments", "spare_workers",
+        "fresh_deployments", "spare_workers", "durations_file",
     )  # fmt: skip
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
