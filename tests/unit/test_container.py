@@ -2,10 +2,12 @@
 and the preflight checks, each run for real (this machine and CI have no GPU)."""
 
 import itertools
+import re
 import shlex
 import shutil
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,29 @@ def test_command_has_each_flag_mount_and_the_image_before_the_script():
     assert command[command.index(RUN.image) + 1 : -1] == ["bash", "-c"]  # docker options before
     assert not any("CUDA_VISIBLE_DEVICES" in arg for arg in command)
     assert not any("HANDOFF_RUN_DIR" in arg for arg in command)
+
+
+def test_a_backend_that_needs_no_gpu_gets_no_gpus_and_every_container_a_name_and_label():
+    cpu = docker_command(replace(RUN, gpus=False, name="handoff-vllm-1-2"), environ={})
+    assert "--gpus" not in cpu
+    pairs = option_pairs(cpu)
+    assert ("--name", "handoff-vllm-1-2") in pairs
+    assert ("--label", "handoff.run=handoff-vllm-1-2") in pairs
+    assert ("--network", "host") in pairs and ("--pid", "host") in pairs
+
+
+@pytest.mark.parametrize(
+    ("backend", "args", "gpu"),
+    [
+        ("mocker", [], False),
+        ("vllm", [], True),
+        ("vllm", ["--handoff-device", "cpu"], False),
+        ("vllm", ["-x", "--handoff-device=cpu"], False),
+        ("not_installed_here", [], True),
+    ],
+)
+def test_whether_a_backend_needs_a_gpu_is_its_plugins_answer(backend, args, gpu, tmp_path):
+    assert container.needs_gpu(backend, args, tmp_path) is gpu
 
 
 def test_the_handoff_packages_are_installed_before_pytest_runs():
@@ -190,6 +215,13 @@ def test_preflight_names_everything_missing_in_one_line(tmp_path, monkeypatch):
     assert "; (2) no NVIDIA GPU on this host" in message and "\n" not in message
 
 
+def test_preflight_of_a_backend_that_needs_no_gpu_does_not_ask_for_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HandoffError) as error:
+        container.preflight(gpus=False)
+    assert "docker is not on PATH" in str(error.value) and "GPU" not in str(error.value)
+
+
 # --- image and model cache: flag > HANDOFF_IMAGE > settings ---------------------------------
 
 
@@ -258,8 +290,10 @@ def test_dry_run_prints_the_command_from_the_team_settings(
     out, err = capsys.readouterr()
     repo, cache = team_repo, tmp_path / "home" / "hf"
     assert err == ""
+    name = re.search(r"--name (handoff-vllm-\d+-\d{14}) ", out).group(1)
     assert out == (
-        f"docker run --rm --gpus all --network host --pid host --ipc host -v {repo}:{repo} "
+        f"docker run --rm --name {name} --label handoff.run={name} "
+        f"--gpus all --network host --pid host --ipc host -v {repo}:{repo} "
         f"-w {repo} -v {cache}:/root/.cache/huggingface -e HF_HOME=/root/.cache/huggingface "
         "-e PYTHONUNBUFFERED=1 -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e PIP_ROOT_USER_ACTION=ignore "
         "team/vllm:1 bash -c 'python -m pip install -q -e packages/core -e packages/vllm_backend"

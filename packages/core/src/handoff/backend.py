@@ -101,6 +101,9 @@ class Backend(ABC):
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
     cpus_per_case: ClassVar[float] = 1.0
+    #: Whether its workers need a GPU: the runtime container asks for GPUs (and checks the
+    #: host has one) only then.
+    needs_gpu: bool = False
     #: How many prompt variants `shape` gives that start differently: the cases one pool of
     #: workers may serve before it is replaced (1: a pool per case).
     distinct_prompts: ClassVar[int] = 1

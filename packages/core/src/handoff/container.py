@@ -21,6 +21,15 @@ NVIDIA GPU on the host. All three run (the engine check only when the binary exi
 failure goes into ONE line, so a host missing two things says both at once. `--dry-run` checks
 only the inputs (backend name and package, image, model cache) and prints the command.
 
+A backend whose workers need no GPU (the mocker; vLLM with `--handoff-device cpu` among the
+pytest arguments), as its plugin on the host says, gets no `--gpus` and no GPU check; a backend
+the host has no plugin for is taken to need one.
+
+Every container is named `handoff-<backend>-<pid>-<time>` and labelled `handoff.run` with that
+name (`docker ps -a --filter label=handoff.run` lists them). docker runs in a session of its
+own: Ctrl-C or SIGTERM of this command is passed to it once, and it passes it on to pytest,
+which tears its case down and exits; a container still running STOP_TIMEOUT_S later is killed.
+
 Whether the image holds the engine is not probed here: at pytest collection inside the
 container the backend's own environment check fails with one line naming what is missing, and
 pytest exits non-zero, which becomes this command's exit status.
@@ -37,18 +46,23 @@ cache to the host user after the suite, whatever its outcome.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from handoff.environment import gpu_count, require_binary
 from handoff.errors import HandoffError
+from handoff.plugins import configured_backend
+from handoff.polling import Deadline
 from handoff.settings import Configuration, resolve
 
 IMAGE_ENV = "HANDOFF_IMAGE"
@@ -59,6 +73,11 @@ DEFAULT_MODEL_CACHE = "~/.cache/huggingface"
 DOCKER_INFO_TIMEOUT_S = 10.0
 #: The most the ownership hand-back may take.
 HANDBACK_TIMEOUT_S = 300.0
+#: After Ctrl-C or SIGTERM, how long the suite in the container has to tear its case down
+#: before the container is killed.
+STOP_TIMEOUT_S = 60.0
+#: The label on every container this module starts; its value is the container's name.
+LABEL = "handoff.run"
 #: Host variables passed with their value (shown by --dry-run).
 PASS_VALUES = ("CUDA_VISIBLE_DEVICES",)
 #: Host variables passed by name only (`-e NAME`: docker reads the value, which may be a
@@ -84,6 +103,8 @@ class Run:
     repo: Path
     model_cache: Path
     pytest_args: tuple[str, ...] = ()
+    gpus: bool = True
+    name: str = "handoff"
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -194,7 +215,8 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
     repo = str(run.repo)
     command = [
         "docker", "run", "--rm",
-        "--gpus", "all",       # every host GPU; CUDA_VISIBLE_DEVICES (below) narrows it
+        "--name", run.name, "--label", f"{LABEL}={run.name}",  # found and stopped by these
+        *(["--gpus", "all"] if run.gpus else []),  # CUDA_VISIBLE_DEVICES (below) narrows it
         "--network", "host",   # loopback servers and the frontend port behave as on the host
         "--pid", "host",       # NVML reports host pids: they must match the workers' pids
         "--ipc", "host",       # engines' shared memory (NCCL, tensor broadcast) beyond 64 MB
@@ -294,9 +316,9 @@ def check_gpu() -> int:
     return count
 
 
-def preflight() -> Engine:
-    """Run every check (the engine's only when the binary exists) and raise ONE line naming
-    everything missing."""
+def preflight(gpus: bool = True) -> Engine:
+    """Run every check (the engine's only when the binary exists; the GPU's only for a backend
+    that needs one) and raise ONE line naming everything missing."""
     missing: list[str] = []
     engine = None
     try:
@@ -309,7 +331,8 @@ def preflight() -> Engine:
         except HandoffError as exc:
             missing.append(str(exc))
     try:
-        check_gpu()
+        if gpus:
+            check_gpu()
     except HandoffError as exc:
         missing.append(str(exc))
     if missing:
@@ -322,16 +345,48 @@ def preflight() -> Engine:
 # --- running -----------------------------------------------------------------------------------
 
 
-def run_docker(command: list[str]) -> int:
-    """Run docker with our stdin/stdout/stderr and return its exit status. A Ctrl-C reaches
-    docker too (same terminal process group), which forwards it to pytest in the container:
-    keep waiting for the suite's teardown instead of abandoning a running container."""
-    process = subprocess.Popen(command)
-    while True:
-        try:
-            return process.wait()
-        except KeyboardInterrupt:
-            continue
+class _Stop(Exception):
+    """Ctrl-C or SIGTERM to this command, while docker runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop(signum)
+
+
+def run_docker(command: list[str], name: str) -> int:
+    """Run docker and return its exit status. docker runs in a session of its own, so a
+    terminal's Ctrl-C reaches it once, through here: each SIGINT or SIGTERM this command gets
+    goes to docker, which passes it to pytest in the container, and the wait goes on for the
+    suite's teardown; a container still running STOP_TIMEOUT_S after the first is killed."""
+    process = subprocess.Popen(command, start_new_session=True)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopping: Deadline | None = None
+    try:
+        while True:
+            try:
+                return process.wait(timeout=stopping.remaining() if stopping else None)
+            except _Stop as stop:
+                process.send_signal(stop.signum)
+                stopping = stopping or Deadline(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                kill_container(name)
+                stopping = Deadline(DOCKER_INFO_TIMEOUT_S)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def kill_container(name: str) -> None:
+    """`docker kill` the container by the name this module gave it."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            ["docker", "kill", name], capture_output=True, timeout=DOCKER_INFO_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
 
 
 def hand_back(run: Run, engine: Engine) -> None:
@@ -399,7 +454,25 @@ def plan(args: argparse.Namespace, pytest_args: Sequence[str], cwd: Path) -> Run
     check_backend_package(repo, backend)
     image, _ = resolve_image(backend, args.image, os.environ, repo)
     cache = resolve_model_cache(backend, args.model_cache, repo)
-    return Run(backend, image, repo, cache, tuple(pytest_args))
+    name = f"handoff-{backend}-{os.getpid()}-{time.strftime('%Y%m%d%H%M%S')}"
+    gpus = needs_gpu(backend, pytest_args, repo)
+    return Run(backend, image, repo, cache, tuple(pytest_args), gpus, name)
+
+
+def needs_gpu(backend: str, pytest_args: Sequence[str], repo: Path) -> bool:
+    """What the backend's plugin on the host says, on the --handoff-device of the pytest
+    arguments; a backend the host has no plugin for is taken to need a GPU."""
+    device = None
+    for n, arg in enumerate(pytest_args):
+        if arg.startswith("--handoff-device="):
+            device = arg.partition("=")[2]
+        elif arg == "--handoff-device" and n + 1 < len(pytest_args):
+            device = pytest_args[n + 1]
+    try:
+        found = configured_backend(backend, {"device": (device, "--handoff-device")}, repo)
+    except HandoffError:
+        return True
+    return found.needs_gpu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -413,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             print(shlex.join(command))
             return 0
-        engine = preflight()
+        engine = preflight(run.gpus)
         try:
             # Made here, as the host user, so root inside only adds to folders we own.
             run.model_cache.mkdir(parents=True, exist_ok=True)
@@ -424,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handoff: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return run_docker(command)
+        return run_docker(command, run.name)
     finally:
         hand_back(run, engine)
 

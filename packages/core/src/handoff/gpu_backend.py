@@ -97,6 +97,7 @@ class DynamoGpuBackend(Backend):
     the same engine and model; handoff's profiler is to measure them again for these cases.
     """
 
+    needs_gpu = True
     #: The engine's top-level Python module (checked before a case runs), e.g. "vllm".
     engine_module: ClassVar[str]
     #: The Dynamo worker module, run as `python -m <dynamo_module>`.

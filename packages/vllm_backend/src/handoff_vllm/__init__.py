@@ -111,6 +111,10 @@ class VllmBackend(DynamoGpuBackend):
         return self.device == "cpu"
 
     @property
+    def needs_gpu(self) -> bool:  # type: ignore[override]
+        return not self.on_cpu
+
+    @property
     def context_tokens(self) -> int:  # type: ignore[override]
         return cpu.CONTEXT_TOKENS if self.on_cpu else CONTEXT_TOKENS
 

@@ -1,0 +1,134 @@
+"""A docker engine for handoff's container path on a machine without one: Debian's docker.io,
+whose dockerd runs as root with no bridge network and no iptables rules, so that containers
+can only use the host's network and every server stays on loopback.
+
+    python images/engine.py      # this machine's engine: started unless one answers
+
+The project's tests start a private engine instead (`Engine.start(folder)`: its data root,
+state and socket in that folder), and stop it after them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from handoff.polling import Deadline, Timeout, poll_until
+
+#: No docker0 bridge (nor its 172.17.0.0/16 addresses) and no iptables rules: containers run
+#: with --network host only.
+FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false")
+#: The binaries the container path needs and the Debian packages that hold them.
+PACKAGES = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
+READY_TIMEOUT_S = 60.0
+INFO_TIMEOUT_S = 10.0
+MACHINE_LOG = Path(".handoff/dockerd.log")
+
+
+class EngineError(Exception):
+    pass
+
+
+def answers(environ: dict[str, str] | None = None) -> bool:
+    """Whether a docker engine answers `docker info` (at DOCKER_HOST, else the default)."""
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+            timeout=INFO_TIMEOUT_S, env=environ, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return info.returncode == 0
+
+
+def install_missing() -> None:
+    """Debian's packages for whichever of dockerd and debootstrap is missing (root only)."""
+    missing = sorted({p for binary, p in PACKAGES.items() if shutil.which(binary) is None})
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise EngineError(f"{', '.join(missing)} missing: sudo apt-get install {' '.join(missing)}")
+    apt = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+    ):
+        if subprocess.run(command, env=apt).returncode != 0:
+            raise EngineError(f"`{' '.join(command)}` failed: install {' '.join(missing)} by hand")
+
+
+class Engine:
+    """A dockerd this module started, and the environment that reaches it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], environ: dict[str, str], log: Path):
+        self.process, self.environ, self.log = process, environ, log
+
+    @classmethod
+    def start(cls, folder: Path | None = None) -> Engine:
+        """dockerd, private to `folder` (data root, state and socket there) or, without one,
+        the machine's own; back once it answers."""
+        install_missing()
+        argv, environ = ["dockerd", *FLAGS], dict(os.environ)
+        if folder is not None:
+            socket = f"unix://{folder / 'docker.sock'}"
+            argv += [
+                "--data-root", str(folder / "data"), "--exec-root", str(folder / "exec"),
+                "--pidfile", str(folder / "docker.pid"), "--host", socket,
+            ]  # fmt: skip
+            environ["DOCKER_HOST"] = socket
+        log = (folder or Path.cwd()) / ("dockerd.log" if folder else MACHINE_LOG)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        engine = cls(process, environ, log)
+        engine.wait_until_it_answers()
+        return engine
+
+    def wait_until_it_answers(self) -> None:
+        def ready() -> tuple[bool | None, str]:
+            if self.process.poll() is not None:
+                raise EngineError(f"dockerd exited {self.process.returncode}: {self.tail()}")
+            return (True if answers(self.environ) else None), "no answer to `docker info`"
+
+        try:
+            poll_until(ready, Deadline(READY_TIMEOUT_S), "dockerd to answer")
+        except Timeout as exc:
+            self.stop()
+            raise EngineError(f"{exc}; its log: {self.tail()}") from None
+
+    def tail(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:]) or f"nothing in {self.log}"
+
+    def stop(self) -> None:
+        """SIGTERM to the dockerd this module started; it stops its containers and its
+        containerd first. SIGKILL to its process group if it has not within the bound."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=READY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+
+
+def main() -> int:
+    if answers():
+        print("a docker engine answers already")
+        return 0
+    try:
+        engine = Engine.start()
+    except EngineError as exc:
+        print(f"images/engine.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"started dockerd (pid {engine.process.pid}, {' '.join(FLAGS)}); log: {engine.log}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
