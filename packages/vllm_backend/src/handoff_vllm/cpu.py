@@ -56,12 +56,15 @@ NICENESS = 10
 #: A kv_transfer case's 192 output tokens (all the GPU's 1,024-token context leaves after the
 #: 823-token prefix) take 2 s on the CPU: once a graceful case's harness, slowed by the spinning
 #: NIXL threads, sent its SIGTERM after the response had ended. A 2,048-token context gives it
-#: 1,024 tokens (about 11 s). A decode worker streams about 250 tokens a second, and its
+#: 1,024 tokens. A decode worker streams about 250 tokens a second, and its
 #: in-flight gauge, read from a busy worker, took up to 2.3 s to show the request: with 512
 #: tokens a graceful decode case's SIGTERM once came 135 tokens before the end, which the
 #: worker finished draining inside the 2 s bound (no migration). Decode gets 1,536 (about 6 s).
-CONTEXT_TOKENS = 2048
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 1024}
+#: A kv_transfer case reads the busy decode worker's /metrics three times before its fault (to
+#: find the holder, count the transfer, prove it in flight), 1-3 s each: twice 1,024 tokens
+#: (7 s) ran out first (benchmarks/RESULTS.md). A 4,096-token context gives it 2,048.
+CONTEXT_TOKENS = 4096
+OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
