@@ -20,12 +20,15 @@ NATS_CASE = "migration_enabled-worker_failure-chat-stream-nats"
 
 @pytest.fixture
 def env(tmp_path):
-    """Its own process records and port leases, so leftovers can be counted."""
-    return {
+    """Its own process records and port leases, so leftovers can be counted, and its own run
+    folder under --handoff-logs (not the run folder of the pytest running this test)."""
+    env = {
         **os.environ,
         "HANDOFF_STATE_DIR": str(tmp_path / "records"),
         "HANDOFF_PORT_LEASES": str(tmp_path / "leases"),
     }
+    env.pop("HANDOFF_RUN_DIR", None)
+    return env
 
 
 def qualify(tmp_path, env, *args):
@@ -51,6 +54,44 @@ def test_an_unknown_case_id(tmp_path, env):
     assert result.returncode == 2
     line = the_line(result, "unknown case 'aggregate/migration_enabled-teleport'")
     assert "`handoff cases --backend mocker --selection pre_merge` lists them" in line
+
+
+def readable_or_absent(tmp_path, expected_error):
+    """A run that ended at collection leaves a run `handoff report` reads (saying why, exit 1),
+    or no run folder at all; never a folder with only junit.xml."""
+    runs = list((tmp_path / "runs").glob("*"))
+    for run in runs:
+        report = subprocess.run(
+            [sys.executable, "-m", "handoff.cli", "report", str(run)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert report.returncode == 1, report.stdout + report.stderr
+        assert f"{run}: the run ended at collection, before any case" in report.stdout
+        assert expected_error in report.stdout
+        assert (run / "report.html").exists()
+    return runs
+
+
+def test_a_case_outside_the_selection_leaves_a_readable_run(tmp_path, env):
+    """A well-formed id that names no case of the selection ends the run at collection."""
+    key = f"aggregate/{NATS_CASE.replace('nats', 'tcp')}"  # in the nightly selection only
+    result = qualify(tmp_path, env, "--handoff-case", key)
+    assert result.returncode != 0
+    assert readable_or_absent(tmp_path, f"unknown case {key!r}")
+
+
+def test_a_broken_plugin_leaves_a_readable_run_or_none(tmp_path, env):
+    plugin = tmp_path / "plugin"
+    dist = plugin / "handoff_broken-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: handoff-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[handoff.backends]\nbroken = broken_plugin\n")
+    (plugin / "broken_plugin.py").write_text("raise RuntimeError('boom at import')\n")
+    env = {**env, "PYTHONPATH": str(plugin)}
+    result = qualify(tmp_path, env, "--handoff-backend", "broken")
+    assert result.returncode != 0
+    assert "RuntimeError: boom at import" in result.stdout + result.stderr
+    readable_or_absent(tmp_path, "boom at import")
 
 
 def test_a_known_case_id_runs_only_that_case(tmp_path, env):

@@ -144,3 +144,14 @@ def test_transfer_evidence():
     assert transfer_problems(0.5, 0.42) == []
     assert "no transfer happened" in transfer_problems(0.05, 0.42)[0]
     assert "unproven" in transfer_problems(None, 0.42)[0]
+
+
+def test_a_response_the_drained_worker_finished_inside_the_bound_is_a_late_fault():
+    """The worker drained the request on SIGTERM and exited inside the bound: no forced
+    disconnect came, so nothing was in flight to migrate. Not "the worker was not serving"."""
+    drained = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM",), False, True)
+    verdict = judge("migration_enabled", streamed(8), counts(0, 0, 0, 0, 0), drained, 8, "exact")
+    assert not verdict.passed
+    assert any("finished during the graceful bound, before the forced disconnect" in r
+               for r in verdict.reasons)  # fmt: skip
+    assert not any("was not serving the request" in r for r in verdict.reasons)

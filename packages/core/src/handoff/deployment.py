@@ -3,6 +3,7 @@ workers drawn from a pool (handoff.pool); up, ready, and down."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from handoff.backend import Backend, Worker
 from handoff.cases import Case
 from handoff.errors import CaseFailure
 from handoff.policies import Policy
-from handoff.polling import Deadline, poll_until
+from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, StartupFailure, stop_all
 from handoff.ports import PortLeases
 from handoff.processes import ManagedProcess
@@ -28,6 +29,8 @@ HEALTH_ENDPOINT = {
 #: its prefill router is active; a request in between gets 503 "prefill routing ... is still
 #: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
 PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
+#: The colour codes of the frontend's log lines.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 __all__ = ["Deployment", "StartupFailure"]
 
@@ -143,26 +146,34 @@ class Deployment:
             if not self.listings or self.listings[-1][1] != shown:
                 self.listings.append((time.monotonic(), shown))
             seen = f"/health instances {counts}, /v1/models {names}"
+            if "prefill" in self.roles and not self._router_active():
+                seen += f", no {PREFILL_ROUTER_ACTIVE!r} for {self.model.name!r} in its log yet"
+                return None, seen
             if listed != expected or self.model.name not in names:
                 return None, seen
-            if "prefill" in self.roles and not self._frontend_logged(PREFILL_ROUTER_ACTIVE):
-                return None, seen + f", no {PREFILL_ROUTER_ACTIVE!r} in the frontend's log yet"
             return True, ""
 
         wanted = {where: len(ids) for where, ids in expected.items()}
         router = ", its prefill router active" if "prefill" in self.roles else ""
-        poll_until(
-            probe,
-            deadline,
-            f"the frontend to list instances {wanted} and model {self.model.name!r}" + router,
-        )
-
-    def _frontend_logged(self, line: str) -> bool:
-        assert self.frontend is not None
+        awaited = f"the frontend to list instances {wanted} and model {self.model.name!r}"
         try:
-            return line in self.frontend.log_path.read_text(errors="replace")
+            poll_until(probe, deadline, awaited + router)
+        except Timeout as exc:
+            assert self.frontend is not None
+            raise StartupFailure(
+                f"{exc}; log {self.frontend.log_path}:\n{self.frontend.log_tail()}"
+            ) from exc
+
+    def _router_active(self) -> bool:
+        """Whether the frontend logged that the prefill router of the case's model is active
+        (the log's colours stripped)."""
+        assert self.frontend is not None and self.model is not None
+        try:
+            text = ANSI.sub("", self.frontend.log_path.read_text(errors="replace"))
         except FileNotFoundError:
             return False
+        wanted = f"model_name={self.model.name}"
+        return any(PREFILL_ROUTER_ACTIVE in line and wanted in line for line in text.splitlines())
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first process that has exited."""

@@ -25,6 +25,9 @@ class FaultReport:
     signals: tuple[str, ...]
     #: The client's response had already ended when the last signal was sent.
     response_done_at_kill: bool
+    #: graceful_shutdown: the worker drained on SIGTERM alone, and the response had ended by
+    #: the time it was gone, inside the graceful bound: no forced disconnect ever came.
+    finished_in_grace: bool = False
 
 
 def find_holder(
@@ -100,6 +103,7 @@ def inject(
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
+    finished_in_grace = False
     if fault == "worker_failure":
         process.signal_tree(signal.SIGKILL)
         signals: tuple[str, ...] = ("SIGKILL",)
@@ -110,7 +114,9 @@ def inject(
             done_before = inflight.finished
             process.signal_tree(signal.SIGKILL)
             signals = ("SIGTERM", "SIGKILL")
+        else:
+            finished_in_grace = inflight.finished
     left = process.wait_gone(deadline.within(HOLDER_TIMEOUT_S))
     if left:
         raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
-    return FaultReport(fault, holder.name, process.pid, signals, done_before)
+    return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)

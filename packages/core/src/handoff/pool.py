@@ -38,7 +38,7 @@ from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.ports import PortLeases, bindable
+from handoff.ports import PortLeases, bindable, listener
 from handoff.processes import ManagedProcess
 
 TEARDOWN_TIMEOUT_S = 15.0
@@ -261,8 +261,12 @@ def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
             deadline,
             "the ports to be free",
         )
-    except Timeout as exc:
-        problems.append(str(exc))
+    except Timeout:
+        # Name the holder: a survivor of the trees, or a child that escaped them (detached).
+        problems += [
+            f"port {port} still bound {TEARDOWN_TIMEOUT_S:g} s after teardown, by {listener(port)}"
+            for port in _busy(leases)
+        ]
     leases.release()
     return problems
 

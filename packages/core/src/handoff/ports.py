@@ -6,12 +6,15 @@ the holder exits, even by SIGKILL, so a crashed run never leaves a port reserved
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
 import socket
 import tempfile
 from pathlib import Path
+
+import psutil
 
 from handoff.errors import HandoffError
 
@@ -55,6 +58,19 @@ def bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def listener(port: int) -> str:
+    """Who listens on `port` of loopback, for an error message: its pid and command line."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            if conn.pid is None:
+                return "a process this user cannot see"
+            with contextlib.suppress(psutil.Error):
+                command = " ".join(psutil.Process(conn.pid).cmdline())
+                return f"pid {conn.pid} ({command[:160]})"
+            return f"pid {conn.pid}"
+    return "no listener (the port is in another state, e.g. TIME_WAIT)"
 
 
 class PortLeases:

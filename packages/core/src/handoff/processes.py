@@ -136,6 +136,21 @@ class ManagedProcess:
                 os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
         self.signal_tree(signal.SIGKILL)
 
+    def exit_code_within(self, seconds: float) -> int | None:
+        """The exit code, waiting up to `seconds` for a process that is on its way out."""
+        assert self.popen is not None, f"{self.name} was never started"
+        try:
+            return self.popen.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def state(self) -> str:
+        """The process's state as the kernel reports it: running, sleeping, stopped..."""
+        try:
+            return self._known[self.pid].status()
+        except (KeyError, psutil.Error):
+            return "gone"
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

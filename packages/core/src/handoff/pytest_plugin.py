@@ -310,6 +310,9 @@ class RunReport:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[CaseRecord] = []
+        #: One line per collection error; a run that ends there still leaves a readable run.
+        self.collection_errors: list[str] = []
+        self.writes_junit = bool(config.option.xmlpath)
         self.started = time.monotonic()
         self.progress = LiveProgress() if sys.stderr.isatty() else None
 
@@ -334,24 +337,39 @@ class RunReport:
             self.progress.finished(report.nodeid, report.outcome == "passed")
 
     @pytest.hookimpl
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            lines = str(report.longrepr).strip().splitlines() or ["(no message)"]
+            self.collection_errors.append(f"{report.nodeid or 'collection'}: {lines[-1]}")
+
+    @pytest.hookimpl
     def pytest_sessionfinish(self) -> None:
         if self.progress:
             self.progress.stop()
-        if self.records:
-            backend = chosen_backend(self.config)
-            option = self.config.option
-            splits = getattr(option, "splits", None)
-            RunResults(
-                backend=backend.name,
-                selection=self.config.getoption("handoff_selection"),
-                run_dir=os.environ[RUN_DIR_ENV],
-                wall_s=round(time.monotonic() - self.started, 3),
-                cases=self.records,
-                handoff_version=importlib.metadata.version("handoff"),
-                device=backend.device,
-                selection_keys=[c.key for c in selected_cases(self.config, backend)],
-                split={"splits": splits, "group": option.group} if splits else None,
-            ).write()
+        if self.collection_errors and not self.records and self.writes_junit:
+            # The run folder holds junit.xml already: make it a run `handoff report` reads.
+            error = "the run ended at collection, before any case: " + self.collection_errors[0]
+            self.results([], error).write()
+        elif self.records:
+            self.results(self.records).write()
+
+    def results(self, records: list[CaseRecord], error: str = "") -> RunResults:
+        name = self.config.getoption("handoff_backend") or ""
+        backend = chosen_backend(self.config) if records else None
+        option = self.config.option
+        splits = getattr(option, "splits", None)
+        return RunResults(
+            backend=name,
+            selection=self.config.getoption("handoff_selection"),
+            run_dir=os.environ[RUN_DIR_ENV],
+            wall_s=round(time.monotonic() - self.started, 3),
+            cases=records,
+            handoff_version=importlib.metadata.version("handoff"),
+            device=backend.device if backend else "",
+            selection_keys=[c.key for c in selected_cases(self.config, backend)] if backend else [],
+            split={"splits": splits, "group": option.group} if splits else None,
+            error=error,
+        )
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:

@@ -87,6 +87,8 @@ def report(run_dir: Path, console: Console | None = None) -> int:
     beside results.json. Exit status 1 when a case failed, else 0."""
     results = RunResults.load(run_dir)
     console = console or Console(width=max(Console().width, 160))  # case keys are long
+    if results.error:
+        console.print(f"{run_dir}: {results.error}", markup=False, highlight=False)
     console.print(
         case_table(results.cases, title=f"handoff cases of {escape_markup(str(run_dir))}")
     )
@@ -100,7 +102,7 @@ def report(run_dir: Path, console: Console | None = None) -> int:
     )
     path = write_html(results, run_dir)
     console.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
-    return 1 if failed else 0
+    return 1 if failed or results.error else 0
 
 
 def write_html(results: RunResults, run_dir: Path) -> Path:
@@ -162,6 +164,7 @@ def html_report(results: RunResults, run_dir: Path) -> str:
         ("run folder", str(run_dir)),
         ("wall time", f"{results.wall_s:.1f} s"),
         ("cases", f"{len(cases)}: {len(cases) - failed} passed, {failed} failed"),
+        *([("error", results.error)] if results.error else []),
     ]
     parts = [
         "<!DOCTYPE html>",

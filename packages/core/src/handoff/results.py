@@ -109,6 +109,8 @@ class RunResults:
     device: str = ""
     selection_keys: list[str] = field(default_factory=list)
     split: dict[str, int] | None = None
+    #: Why the run ended before any case ran (a collection error), in one line; else "".
+    error: str = ""
 
     def write(self) -> Path:
         path = Path(self.run_dir) / FILE

@@ -19,13 +19,23 @@ from handoff.history import History
 from handoff.policies import Outcome, Policy, expected_outcome, policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pools
-from handoff.verdict import Verdict, count_problems, judge, transfer_problems
+from handoff.verdict import (
+    Verdict,
+    count_problems,
+    judge,
+    late_count_problems,
+    transfer_problems,
+)
 
 METRICS_SETTLE_S = 3.0
 #: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
 #: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
 #: bound only costs time when the counter never rises.
 TRANSFER_COUNT_WAIT_S = 5.0
+#: How often the frontend's /metrics is read, as a sign of life, while the response runs.
+FRONTEND_CHECK_S = 1.0
+#: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
+EXIT_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,10 +96,12 @@ def run_case(
             ports=deployment.ports,
         )
         verdict = exercise(deployment, case, settings, deadline, history, variant=draws_before)
-    except (CaseFailure, HandoffError, requests.RequestException) as exc:
-        # The system under test failed, the set-up is wrong, or a process stopped answering:
-        # each fails this case with its reason; the next case still runs.
+    except (CaseFailure, HandoffError) as exc:
+        # The system under test failed or the set-up is wrong: each fails this case with its
+        # reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
+    except requests.RequestException as exc:
+        verdict = Verdict(False, [unanswered(deployment, exc)], history.phase)
     finally:
         record_start_up(deployment, history)
         leased = deployment.ports
@@ -106,6 +118,21 @@ def run_case(
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def unanswered(deployment: Deployment, exc: requests.RequestException) -> str:
+    """A request of the case got no answer. When it went to the frontend, say so, with the
+    frontend's state (exited, stopped, running) and its log: that is the cause to read."""
+    url = exc.request.url if exc.request is not None else None
+    frontend = deployment.frontend
+    if frontend is None or not url or not url.startswith(deployment.base_url):
+        return str(exc)
+    code = frontend.exit_code_within(EXIT_WAIT_S)  # a killed process may still be dying
+    state = f"exited with code {code}" if code is not None else f"is {frontend.state()}"
+    return (
+        f"the frontend stopped answering mid-case ({type(exc).__name__} on {url}): its "
+        f"process {state}; log {frontend.log_path}:\n{frontend.log_tail()}"
+    )
 
 
 def drop_logs(folder: Path) -> None:
@@ -209,6 +236,7 @@ def exercise(
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes
+    evidence += late_counts(metrics_url, model, counts_before, counts, expected, backend, history)
     verdict = judge(
         expected,
         case.policy,
@@ -221,6 +249,22 @@ def exercise(
     )
     verdict.notes = notes
     return verdict
+
+
+def late_counts(
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    judged: metrics.MigrationCounts,
+    expected: Outcome,
+    backend: Backend,
+    history: History,
+) -> list[str]:
+    """The counters once more, the last thing before teardown: any that moved since the
+    reading the verdict uses fail the case (verdict.late_count_problems)."""
+    final = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
+    history.record("metrics_reread", counts=final.as_dict())
+    return late_count_problems(expected, judged, final, backend.migration_counts)
 
 
 def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
@@ -254,12 +298,16 @@ def await_response(
 ) -> None:
     """Wait for the response to end, noting when the frontend first counts a migration."""
     seen: list[metrics.MigrationCounts] = []
+    checked = [time.monotonic()]
 
     def probe() -> tuple[bool | None, str]:
-        if not seen:
+        if not seen or time.monotonic() - checked[0] > FRONTEND_CHECK_S:
+            # Read until the migration shows, then once a second: a frontend that stops
+            # answering while the client waits fails the case in seconds, by name.
+            checked[0] = time.monotonic()
             scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
             counts = scraped.since(before)
-            if counts.ongoing_request + counts.new_request:
+            if not seen and counts.ongoing_request + counts.new_request:
                 seen.append(counts)
                 history.record("migration_seen", **counts.as_dict())
         return (True if inflight.finished else None), inflight.response.summary()

@@ -40,6 +40,23 @@ def count_problems(expected: Outcome, counts: MigrationCounts, mode: str) -> lis
     return problems
 
 
+def late_count_problems(
+    expected: Outcome, judged: MigrationCounts, final: MigrationCounts, mode: str
+) -> list[str]:
+    """Counters that moved after the reading the verdict used, read again at the last moment
+    the deployment was up: a later migration is a duplicate or a second fault, which a count
+    that agreed once would hide. In lower_bound mode a counter may still rise, except one
+    expected to stay 0."""
+    before, after = judged.as_dict(), final.as_dict()
+    want = expected.counts()
+    return [
+        f"migration counter {name} moved from {before[name]} to {after[name]} after the "
+        f"reading the verdict used: a later migration (a duplicate or a second fault)"
+        for name in before
+        if after[name] != before[name] and (mode == "exact" or want[name] == 0)
+    ]
+
+
 def response_problems(
     expected: Outcome, policy_name: str, response: Response, max_tokens: int
 ) -> list[str]:
@@ -100,19 +117,24 @@ def judge(
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
     # the SIGKILL, and the frontend counted it. A response over before the last signal with no
     # migration counted is a fault that came too late: the request was not in flight.
-    moved_at_sigterm = fault.signals[0] == "SIGTERM" and (
-        counts.ongoing_request + counts.new_request
-    )
-    if fault.response_done_at_kill and not moved_at_sigterm:
+    migrated = counts.ongoing_request + counts.new_request
+    moved_at_sigterm = fault.signals[0] == "SIGTERM" and migrated
+    too_late = not migrated and (fault.response_done_at_kill or fault.finished_in_grace)
+    if too_late and fault.finished_in_grace:
+        problems.append(
+            f"the response finished during the graceful bound, before the forced disconnect: "
+            f"{fault.worker} completed it after SIGTERM and exited on its own, and the frontend "
+            f"counted no migration: the fault came too late (lower the graceful bound or raise "
+            f"the output length)"
+        )
+    elif fault.response_done_at_kill and not moved_at_sigterm:
         problems.append(
             f"the response had ended before {fault.signals[-1]} reached {fault.worker}, and "
             f"the frontend counted no migration: the request was not in flight at the fault "
             f"(raise the output length)"
         )
     problems += response_problems(expected, policy_name, response, max_tokens)
-    if expected.ongoing_request + expected.new_request and not (
-        counts.ongoing_request + counts.new_request
-    ):
+    if expected.ongoing_request + expected.new_request and not migrated and not too_late:
         problems.append(
             f"the frontend counted no migration at all: {fault.worker}, which was faulted, "
             f"was not serving the request"

@@ -1,0 +1,312 @@
+"""Verdicts in both directions and to the last moment, on the real frontend and mocker: a
+frontend that migrates where the policy forbids it, a migration counted after the verdict's
+reading, a drain that finishes inside the graceful bound, a frontend that dies or stops
+answering mid-case, a detached child left holding a port, and start-ups that never finish.
+Each failure is made to happen for real; each reason is checked against the case's history."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from dataclasses import replace
+
+import psutil
+import pytest
+
+from handoff import faults, runner
+from handoff.cases import Case
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
+from handoff.metrics import MigrationCounts, scrape
+from handoff.policies import ENABLED_LIMIT, POLICIES, Policy
+from handoff.polling import Deadline, poll_until
+from handoff.ports import bindable
+from handoff.runner import Settings
+from handoff_mocker import MockerBackend
+
+SETTINGS = Settings(keep_logs=True)
+
+
+def events(result, name):
+    return [e.data for e in result.history.events if e.name == name]
+
+
+def assert_nothing_left(result, started):
+    """Every process of the case is gone and every port it leased is free."""
+    for deployment in started:
+        for process in deployment.processes:
+            assert process.exit_code() is not None or not psutil.pid_exists(process.pid)
+    teardown = events(result, "teardown_done")[0]
+    assert teardown["ports"] and all(bindable(p) for p in teardown["ports"])
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The deployments the test's cases start, as handoff recorded them (pids, folder)."""
+    seen: list[Deployment] = []
+    start = Deployment.start
+
+    def recording_start(self, deadline):
+        seen.append(self)
+        start(self, deadline)
+
+    monkeypatch.setattr(Deployment, "start", recording_start)
+    return seen
+
+
+# --- Reverse misconfiguration: a frontend that migrates although the policy forbids it --------
+
+
+@pytest.mark.parametrize("response", ["stream", "unary"])
+def test_a_frontend_that_migrates_fails_a_migration_disabled_case(tmp_path, response):
+    case = Case.from_id(f"migration_disabled-worker_failure-chat-{response}-tcp")
+    result = runner.run_case(
+        MockerBackend(), case, tmp_path, SETTINGS, 60,
+        frontend_policy=POLICIES["migration_enabled"],
+    )  # fmt: skip
+    assert not result.verdict.passed
+    reasons = " | ".join(result.verdict.reasons)
+    assert "policy migration_disabled requires an API error after the fault" in reasons
+    assert "migration counter succeeded = 1, expected 0" in reasons
+    assert "migration counter failed = 0, expected 1" in reasons
+    # What the reasons say is what the history holds: a response that ended well, counted ok.
+    assert events(result, "response_finished")[0]["failed"] is False
+    assert events(result, "metrics_read")[0]["counts"]["succeeded"] == 1
+
+
+@pytest.mark.parametrize("response", ["stream", "unary"])
+def test_a_frontend_without_the_cap_fails_a_max_seq_len_exceeded_case(tmp_path, response):
+    case = Case.from_id(f"max_seq_len_exceeded-worker_failure-completion-{response}-tcp")
+    result = runner.run_case(
+        MockerBackend(), case, tmp_path, SETTINGS, 60,
+        frontend_policy=POLICIES["migration_enabled"],
+    )  # fmt: skip
+    assert not result.verdict.passed
+    reasons = " | ".join(result.verdict.reasons)
+    assert "migration counter max_seq_len_exceeded = 0, expected 1" in reasons
+    assert "policy max_seq_len_exceeded requires an API error after the fault" in reasons
+    assert events(result, "metrics_read")[0]["counts"]["max_seq_len_exceeded"] == 0
+
+
+# --- A migration counted after the reading the verdict used -----------------------------------
+
+
+def test_a_second_migration_after_the_agreeing_reading_fails_the_case(
+    tmp_path, monkeypatch, started
+):
+    """Three workers: after the counters agreed (one migration), a second request is sent and
+    its worker SIGKILLed, so the frontend counts a second migration. The last-moment reading
+    must see it."""
+    settled = runner.settled_counts
+
+    def settled_then_migrate_again(metrics_url, model, before, expected, mode, deadline):
+        agreed = settled(metrics_url, model, before, expected, mode, deadline)
+        deployment = started[-1]
+        shape = deployment.backend.shape(deployment.case, variant=7)
+        request = Request("chat", True, model, shape.prompt, shape.max_tokens)
+        inflight = InFlight(deployment.base_url, request, read_timeout_s=30)
+        alive = [w for w in deployment.workers if w.process.exit_code() is None]
+        holder = faults.find_holder(deployment.backend, alive, inflight, Deadline(20))
+        holder.process.kill()
+
+        def counted_twice():
+            now = MigrationCounts.parse(scrape(metrics_url), model).since(before)
+            return (True if now.ongoing_request == 2 else None), str(now)
+
+        poll_until(counted_twice, Deadline(20), "the second migration to be counted")
+        return agreed
+
+    monkeypatch.setattr(runner, "settled_counts", settled_then_migrate_again)
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    result = runner.run_case(
+        MockerBackend(), case, tmp_path, SETTINGS, 90, roles=("aggregate",) * 3
+    )
+    assert not result.verdict.passed
+    assert (
+        "migration counter ongoing_request moved from 1 to 2 after the reading the verdict used"
+        in result.verdict.reasons[0]
+    )
+    assert events(result, "metrics_read")[0]["counts"]["ongoing_request"] == 1
+    assert events(result, "metrics_reread")[0]["counts"]["ongoing_request"] == 2
+    assert_nothing_left(result, started)
+
+
+def test_the_last_moment_reading_passes_an_undisturbed_case(tmp_path):
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, 60)
+    assert result.verdict.passed, result.verdict.reasons
+    assert (
+        events(result, "metrics_reread")[0]["counts"] == events(result, "metrics_read")[0]["counts"]
+    )
+
+
+# --- A drain that finishes the request inside the graceful bound ------------------------------
+
+
+def test_a_response_finished_inside_the_graceful_bound_is_a_fault_that_came_too_late(tmp_path):
+    """As a user found it: --handoff-graceful-bound 10 lets the drained mocker finish all 600
+    tokens and exit on SIGTERM alone; the case fails for that, not for a worker that was not
+    serving the request."""
+    case = Case.from_id("migration_enabled-graceful_shutdown-completion-unary-tcp")
+    settings = replace(SETTINGS, graceful_bound_s=10.0)
+    result = runner.run_case(MockerBackend(), case, tmp_path, settings, 60)
+    assert not result.verdict.passed
+    reasons = " | ".join(result.verdict.reasons)
+    assert "the response finished during the graceful bound, before the forced disconnect" in (
+        reasons
+    )
+    assert "was not serving the request" not in reasons
+    holder = events(result, "holder_found")[0]["worker"]
+    assert holder in reasons
+    assert events(result, "worker_gone")[0]["signals"] == ["SIGTERM"]
+    assert events(result, "response_finished")[0]["failed"] is False
+    assert events(result, "metrics_read")[0]["counts"]["ongoing_request"] == 0
+
+
+# --- The frontend dies, or stops answering, mid-case ------------------------------------------
+
+
+def test_a_frontend_killed_mid_case_is_named(tmp_path, monkeypatch, started):
+    proven = faults.prove_in_flight
+
+    def prove_then_kill_frontend(*args, **kwargs):
+        how = proven(*args, **kwargs)
+        os.kill(started[-1].frontend.pid, signal.SIGKILL)
+        return how
+
+    monkeypatch.setattr(faults, "prove_in_flight", prove_then_kill_frontend)
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, 30)
+    assert not result.verdict.passed
+    reason = result.verdict.reasons[0]
+    assert reason.startswith("the frontend stopped answering mid-case")
+    assert "its process exited with code -9" in reason
+    assert str(tmp_path / "frontend.log") in reason
+    assert result.seconds < 30 + 15  # the case budget plus the teardown bound
+    assert_nothing_left(result, started)
+
+
+def test_a_frontend_that_stops_answering_after_the_fault_is_named(tmp_path, monkeypatch, started):
+    inject = faults.inject
+
+    def inject_then_stop_frontend(*args, **kwargs):
+        report = inject(*args, **kwargs)
+        os.kill(started[-1].frontend.pid, signal.SIGSTOP)
+        return report
+
+    monkeypatch.setattr(faults, "inject", inject_then_stop_frontend)
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    began = time.monotonic()
+    result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, 30)
+    assert not result.verdict.passed
+    reason = result.verdict.reasons[0]
+    assert reason.startswith("the frontend stopped answering mid-case (ReadTimeout")
+    assert "its process is stopped" in reason
+    assert time.monotonic() - began < 30 + 15
+    assert_nothing_left(result, started)
+
+
+# --- Teardown: a detached child left holding a leased port ------------------------------------
+
+#: Runs before the worker: double-forks a child into its own session (out of the worker's
+#: tree and group) that listens on the given port, writes its pid, then execs the worker.
+DETACH = textwrap.dedent(
+    """
+    import os, socket, sys
+    port, pidfile = int(sys.argv[1]), sys.argv[2]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            with open(pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            os.closerange(0, 3)
+            while True:
+                s.accept()[0].close()
+        os._exit(0)
+    os.wait()
+    os.execv(sys.argv[3], sys.argv[3:])
+    """
+)
+
+
+class DetachingMocker(MockerBackend):
+    """Each worker leases one more port and leaves a detached child listening on it."""
+
+    worker_ports = ("system", "stray")
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        pidfile = folder / "stray.pid"
+        argv = [sys.executable, "-c", DETACH, str(ports["stray"]), str(pidfile), *launch.argv]
+        return type(launch)(argv, launch.env)
+
+
+def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path):
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    strays = []
+    try:
+        result = runner.run_case(DetachingMocker(), case, tmp_path / "case", SETTINGS, 60)
+        strays = [int(p.read_text()) for p in (tmp_path / "case").rglob("stray.pid")]
+        assert strays, "the strays never started"
+        assert not result.verdict.passed
+        reasons = " | ".join(result.verdict.reasons)
+        for pid in strays:
+            port = next(c.laddr.port for c in psutil.Process(pid).net_connections())
+            assert f"port {port} still bound" in reasons
+            assert f"by pid {pid} (" in reasons
+        # The next case still gets free ports: a leased port that is bound is never handed out.
+        after = runner.run_case(MockerBackend(), case, tmp_path / "next", SETTINGS, 60)
+        assert after.verdict.passed, after.verdict.reasons
+    finally:
+        for pid in strays:  # the test's own processes, by the pid they wrote
+            os.kill(pid, signal.SIGKILL)
+
+
+# --- Start-ups that never finish ---------------------------------------------------------------
+
+
+class OtherModelPrefill(MockerBackend):
+    """The prefill worker serves another model name: the frontend lists it, but the case's
+    model never gets a prefill router."""
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        if role != "prefill":
+            return launch
+        argv = list(launch.argv)
+        argv[argv.index("--model-name") + 1] = "another-model"
+        return type(launch)(argv, launch.env)
+
+
+def test_a_prefill_router_that_never_activates_fails_at_start_up(tmp_path, started):
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp", "prefill")
+    settings = replace(SETTINGS, startup_timeout_s=20.0)
+    result = runner.run_case(OtherModelPrefill(), case, tmp_path, settings, 60)
+    assert not result.verdict.passed
+    assert result.verdict.phase == "launch"
+    first, _, tail = result.verdict.reasons[0].partition("\n")
+    assert "its prefill router active" in first
+    assert "no 'Prefill router target activated' for 'handoff-mocker' in its log yet" in first
+    assert first.endswith(f"log {tmp_path / 'frontend.log'}:")
+    assert tail, "the frontend's log tail is missing"
+    assert_nothing_left(result, started)
+
+
+def test_a_frontend_that_exits_during_start_up_fails_with_its_log(tmp_path, started):
+    unparsable = Policy("broken", ENABLED_LIMIT, "not-a-number")  # type: ignore[arg-type]
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+    result = runner.run_case(
+        MockerBackend(), case, tmp_path, SETTINGS, 60, frontend_policy=unparsable
+    )
+    assert not result.verdict.passed
+    assert result.verdict.phase == "launch"
+    first, _, tail = result.verdict.reasons[0].partition("\n")
+    assert first.startswith("frontend exited with code 2 during start-up; log ")
+    assert "--migration-max-seq-len" in tail
+    assert_nothing_left(result, started)
