@@ -7,11 +7,12 @@ import sys
 ONE_CASE = "aggregate and migration_enabled-worker_failure-chat-stream-nats"
 
 
-def nightly(tmp_path, *pytest_args, plugins="example,vllm"):
+def nightly(tmp_path, *pytest_args, plugins="example,vllm", require=()):
     env = {**os.environ, "HANDOFF_PLUGINS": plugins}
     env.pop("HANDOFF_IMAGE", None)
+    required = [arg for name in require for arg in ("--require", name)]
     return subprocess.run(
-        [sys.executable, "-m", "handoff.cli", "nightly", "--logs", str(tmp_path), "--",
+        [sys.executable, "-m", "handoff.cli", "nightly", "--logs", str(tmp_path), *required, "--",
          "-p", "no:cacheprovider", *pytest_args],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
@@ -38,3 +39,23 @@ def test_a_backend_that_ran_nothing_fails_the_night(tmp_path):
     assert [c.strip() for c in row(result.stdout, "example").split("│")[2:6]] == [
         "yes", "0", "0", "5",
     ]  # fmt: skip
+
+
+def test_a_required_backend_that_did_not_run_fails_the_night(tmp_path):
+    """The example ran and passed, but vllm (no GPU here) and a backend not installed were
+    required: the night is red, with one line for each."""
+    result = nightly(tmp_path, "-k", ONE_CASE, require=("vllm", "sglang"))
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert [c.strip() for c in row(result.stdout, "example").split("│")[2:6]] == [
+        "yes", "1", "0", "0",
+    ]  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("required backend")]
+    assert len(lines) == 2, result.stdout[-3000:]
+    assert lines[0].startswith("required backend 'vllm' did not run: the vllm backend cannot")
+    assert "'sglang' did not run: it is not among the backends loaded here" in lines[1]
+
+
+def test_a_required_backend_that_ran_keeps_the_night_green(tmp_path):
+    result = nightly(tmp_path, "-k", ONE_CASE, plugins="example", require=("example",))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "required backend" not in result.stdout

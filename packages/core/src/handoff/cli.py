@@ -28,7 +28,7 @@ from handoff.cases import (
 )
 from handoff.covering import Model, format_interaction, trace
 from handoff.errors import HandoffError
-from handoff.nightly import print_table, run_nightly
+from handoff.nightly import print_table, required_missing, run_nightly
 from handoff.plugins import configured_backend, load
 from handoff.results import RunResults
 from handoff.settings import KEYS
@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     nightly.add_argument("--image", help="runtime container image for the GPU backends")
     nightly.add_argument("--logs", default=".handoff/runs", help="folder for the run's results")
+    nightly.add_argument(
+        "--require", action="append", default=[], metavar="BACKEND",
+        help="fail the night unless this backend ran (repeatable): an engine skipped is not green",
+    )  # fmt: skip
     past_run = commands.add_parser(
         "report", help="a run's case table and failures; writes report.html in its folder"
     )
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.backend, args.selection, args.image, [a for a in extra if a != "--"]
             )
         if args.command == "nightly":
-            return nightly_run(args.image, Path(args.logs), [a for a in extra if a != "--"])
+            pytest_args = [a for a in extra if a != "--"]
+            return nightly_run(args.image, Path(args.logs), pytest_args, args.require)
         if args.command == "report":
             return report.report(args.run_dir)
         if args.command == "doctor":
@@ -263,14 +268,18 @@ def write_durations(run_dirs: list[Path], output: Path | None) -> int:
     return 0
 
 
-def nightly_run(image: str | None, logs: Path, pytest_args: list[str]) -> int:
-    """Exit 0 only when something ran and everything that ran passed."""
+def nightly_run(image: str | None, logs: Path, pytest_args: list[str], required: list[str]) -> int:
+    """Exit 0 only when something ran, everything that ran passed, and every `required`
+    backend was among what ran."""
     run_dir = logs / time.strftime("nightly-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     outcomes = run_nightly(run_dir.resolve(), image, pytest_args)
     print_table(outcomes)
+    missing = required_missing(outcomes, required)
+    for line in missing:
+        print(line)
     ran = [o for o in outcomes if o.ran]
-    return 0 if ran and all(o.ok for o in ran) else 1
+    return 0 if ran and all(o.ok for o in ran) and not missing else 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from rich.table import Table
 from handoff.container import pytest_command
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend, load
+from handoff.results import RUN_DIR_ENV
 
 IMAGE_ENV = "HANDOFF_IMAGE"
 
@@ -66,14 +67,17 @@ def run_nightly(run_dir: Path, image: str | None, pytest_args: list[str]) -> lis
 
 def run_backend(name: str, run_dir: Path, image: str | None, pytest_args: list[str]) -> Outcome:
     junit = run_dir / f"{name}-nightly.xml"
-    args = ["--handoff-selection", "nightly", f"--junitxml={junit}", *pytest_args]
+    logs = ["--handoff-logs", str(run_dir / name)]  # its cases' folders inside the night's
+    args = ["--handoff-selection", "nightly", f"--junitxml={junit}", *logs, *pytest_args]
     if image is None:
         argv = pytest_command(name, args, sys.executable)
     else:
         argv = [sys.executable, "-m", "handoff.container", "--backend", name, "--image", image]
         argv += ["--", *args]
     started = time.monotonic()
-    code = subprocess.run(argv, check=False).returncode
+    # Its own run folder under the night's, even when this process was handed one.
+    env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
+    code = subprocess.run(argv, check=False, env=env).returncode
     seconds = time.monotonic() - started
     passed, failed = junit_counts(junit)
     where = f"inside {image}" if image else "on this machine"
@@ -93,6 +97,24 @@ def junit_counts(path: Path) -> tuple[int, int]:
         elif "skipped" not in outcome:
             passed += 1
     return passed, failed
+
+
+def required_missing(outcomes: list[Outcome], required: list[str]) -> list[str]:
+    """One line for each backend of `--require` that did not run, saying why."""
+    by_name = {o.backend: o for o in outcomes}
+    lines = []
+    for name in dict.fromkeys(required):
+        outcome = by_name.get(name)
+        if outcome is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            lines.append(
+                f"required backend {name!r} did not run: it is not among the backends loaded "
+                f"here ({known}); install its package, check HANDOFF_PLUGINS, or drop "
+                f"--require {name}"
+            )
+        elif not outcome.ran:
+            lines.append(f"required backend {name!r} did not run: {outcome.note}")
+    return lines
 
 
 def print_table(outcomes: list[Outcome]) -> None:

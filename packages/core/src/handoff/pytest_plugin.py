@@ -22,10 +22,9 @@ from handoff.pool import PoolKey, Pools
 from handoff.progress import LiveProgress
 from handoff.report import case_table
 from handoff.results import FILE as RESULTS_FILE
-from handoff.results import PROPERTY, CaseRecord, RunResults, describe
+from handoff.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe
 from handoff.runner import Settings
 
-RUN_DIR_ENV = "HANDOFF_RUN_DIR"
 #: The workerinput key by which the controller tells an xdist worker it groups items by pool.
 LOADGROUP = "handoff_loadgroup"
 MARKERS = {
