@@ -1,6 +1,8 @@
 """CPU slots: the affinity mask and the cgroup CPU quota (v2 and v1), whichever is tighter."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -80,8 +82,16 @@ def test_unreadable_cgroups_leave_the_affinity(tmp_path, eight_cpus):
     assert cpus.cpu_slots(tmp_path / "none", tmp_path / "none").count == 8
 
 
-def test_the_affinity_is_this_process_own():
-    assert cpus.affinity() == len(os.sched_getaffinity(0))
+def test_the_affinity_is_the_process_own_not_the_machine():
+    """Pinned to one CPU (as a CI job's cpuset pins it), the process gets one slot, however
+    many CPUs the machine has."""
+    pinned = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+    probe = "from handoff import cpus; print(cpus.affinity(), cpus.cpu_slots().count)"
+    env = {k: v for k, v in os.environ.items() if k != cpus.SLOTS_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", pinned + probe], capture_output=True, text=True, env=env, check=True
+    ).stdout.split()
+    assert out == ["1", "1"]
 
 
 def test_slots_set_on_purpose_win(tmp_path, eight_cpus, monkeypatch):

@@ -1,7 +1,5 @@
 """`handoff doctor` on this machine, as it is and with a part really taken away."""
 
-import shutil
-
 import pytest
 
 from handoff.cli import main
@@ -44,14 +42,34 @@ def test_this_machine_can_run_the_mocker(capsys):
     assert rows["nats-server"][2].startswith("nats-server: v")
     # What only the GPU backends need is a warning where it is missing, never an error.
     assert rows["gpu"][1] == ("ok" if gpu_count()[0] else "warning")
-    if shutil.which("docker"):
-        assert rows["docker"][1] == "ok"
-        assert rows["docker engine"][1] in ("ok", "warning")
-        if rows["docker engine"][1] == "warning":
-            assert "needed only by the GPU backends" in rows["docker engine"][2]
-            assert "start the engine" in rows["docker engine"][3]
-    else:
-        assert rows["docker"][1] == "warning" and "docker engine" not in rows
+
+
+def fake_docker(tmp_path, monkeypatch, script: str) -> None:
+    """A `docker` client alone on PATH that answers `docker info` as `script` says: the
+    doctor's reading of an engine, with the engine's state chosen by the test."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "docker").write_text("#!/bin/sh\n" + script)
+    (folder / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+
+
+def test_an_engine_that_answers_is_ok(capsys, monkeypatch, tmp_path):
+    fake_docker(tmp_path, monkeypatch, "echo '20.10.24 [\"name=seccomp\"]'\n")
+    code, rows, _ = doctor(capsys)
+    assert code == 0 and rows["docker"][1] == "ok"
+    assert rows["docker engine"][1:3] == ["ok", "server 20.10.24"]
+
+
+def test_a_client_without_an_engine_is_only_a_warning(capsys, monkeypatch, tmp_path):
+    said = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+    fake_docker(tmp_path, monkeypatch, f"echo '{said}' >&2\nexit 1\n")
+    code, rows, _ = doctor(capsys)
+    assert code == 0 and rows["docker"][1] == "ok"  # a warning: only GPU backends need it
+    assert rows["docker engine"][1] == "warning"
+    assert said in rows["docker engine"][2]
+    assert "needed only by the GPU backends" in rows["docker engine"][2]
+    assert "start the engine" in rows["docker engine"][3]
 
 
 def test_a_missing_nats_server_is_an_error_that_says_how_to_get_one(capsys, monkeypatch, tmp_path):

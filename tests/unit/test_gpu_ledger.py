@@ -16,8 +16,9 @@ from handoff.placement import Demand
 from handoff.polling import Deadline, Timeout, poll_until
 
 HERE = Path(__file__).parent
-#: A competitor: takes its GiB from the ledger (budget 10 of a 24 GiB GPU), holds it for a
-#: while as a case would, records what the ledger held meanwhile, then releases.
+#: A competitor: says it is asking, takes its GiB from the ledger (budget 10 of a 24 GiB GPU),
+#: records what the ledger held then, holds until the test creates its release file (as a case
+#: runs until it ends), then releases. The test, not the clock, decides who holds together.
 COMPETITOR = """
 import json, sys, time
 from pathlib import Path
@@ -25,19 +26,16 @@ sys.path.insert(0, sys.argv[1])
 from fake_nvml import FakeNvml
 from handoff.gpu_ledger import GpuLedger
 from handoff.placement import Demand
-from handoff.polling import Deadline
-folder, gib, hold, log = Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+from handoff.polling import Deadline, poll_until
+folder, gib, log = Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 ledger = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
-asked = time.monotonic()
-taken = ledger.take(Demand(f"case-{sys.argv[6]}", gib), Deadline(60))
-start = time.monotonic()
+log.with_suffix(".asking").touch()
+taken = ledger.take(Demand(log.stem, gib), Deadline(60))
 seen = sum(r.gib for r in ledger.held())
-time.sleep(hold)  # the case runs
-end = time.monotonic()
+log.with_suffix(".held").write_text(json.dumps({"gib": gib, "seen": seen}))
+release = log.with_suffix(".release")
+poll_until(lambda: (True if release.exists() else None, "no release"), Deadline(60), "release")
 ledger.release(taken)
-Path(log).write_text(json.dumps(
-    {"gib": gib, "asked": asked, "start": start, "end": end, "seen": seen, "gpu": taken.gpu}
-))
 """
 
 
@@ -45,36 +43,47 @@ def ledger_of(nvml, tmp_path, budget=None):
     return GpuLedger(nvml, budget_gib=budget, folder=tmp_path / "leases")
 
 
-def test_competing_processes_never_hold_more_than_the_budget(tmp_path):
-    demands = [6, 6, 4, 4, 3, 3, 2]
+def test_competing_processes_share_the_budget_and_never_exceed_it(tmp_path):
+    """6 and 4 GiB hold together (10 of 10); a third asking 3 waits until one of them ends;
+    the ledger, as every process sees it, never holds more than 10."""
     folder = tmp_path / "leases"
-    logs = [tmp_path / f"competitor-{n}.json" for n in range(len(demands))]
-
-    def competitor(n, gib, log):
-        args = [str(HERE), str(folder), str(gib), "0.4", str(log), str(n)]
-        return subprocess.Popen([sys.executable, "-c", COMPETITOR, *args])
-
-    competitors = [
-        competitor(n, gib, log) for n, (gib, log) in enumerate(zip(demands, logs, strict=True))
-    ]
     watcher = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
-    held = []
+    running = {}
 
-    def all_done():  # watch the ledger while they compete
-        held.append(sum(r.gib for r in watcher.held()))
-        done = all(c.poll() is not None for c in competitors)
-        return (True if done else None), f"{sum(c.poll() is None for c in competitors)} running"
+    def start(name, gib):
+        log = tmp_path / f"{name}.json"
+        argv = [sys.executable, "-c", COMPETITOR, str(HERE), str(folder), str(gib), str(log)]
+        running[name] = (subprocess.Popen(argv), log)
 
-    poll_until(all_done, Deadline(120), "the competitors to finish")
-    assert [c.returncode for c in competitors] == [0] * len(demands)
-    records = [json.loads(log.read_text()) for log in logs]
-    assert max(held) <= 10 and max(r["seen"] for r in records) <= 10
-    # [start, end] is inside each true holding: overlapping ones held together.
-    for r in records:
-        together = [o for o in records if o["start"] <= r["start"] < o["end"]]
-        assert sum(o["gib"] for o in together) <= 10
-    assert max(held) > 6  # they did share the GPU
-    assert watcher.held() == []
+    def held_becomes(keys):
+        def probe():
+            now = sorted(r.key for r in watcher.held())
+            assert sum(r.gib for r in watcher.held()) <= 10
+            return (True if now == sorted(keys) else None), now
+
+        poll_until(probe, Deadline(60), f"the ledger to hold {sorted(keys)}")
+
+    try:
+        start("six", 6)
+        start("four", 4)
+        held_becomes(["six", "four"])  # they share the GPU: 10 of 10
+        start("three", 3)
+        asking = running["three"][1].with_suffix(".asking")
+        poll_until(lambda: (asking.exists() or None, "not yet"), Deadline(60), "three to ask")
+        held_becomes(["six", "four"])
+        assert not running["three"][1].with_suffix(".held").exists()
+        running["six"][1].with_suffix(".release").touch()
+        held_becomes(["four", "three"])
+        for _, log in running.values():
+            log.with_suffix(".release").touch()
+        held_becomes([])
+        assert [p.wait(60) for p, _ in running.values()] == [0, 0, 0]
+    finally:
+        for process, _ in running.values():
+            process.kill()
+    seen = {n: json.loads(log.with_suffix(".held").read_text()) for n, (_, log) in running.items()}
+    assert all(record["seen"] <= 10 for record in seen.values())
+    assert seen["three"]["seen"] == 7  # four and itself
 
 
 def test_a_killed_holder_no_longer_counts(tmp_path):
