@@ -131,6 +131,14 @@ class Watcher:
         return [pid for pid, started in self.seen.items() if same(pid, started)]
 
 
+def command_of(process: psutil.Process) -> list[str]:
+    """Its command line; none for a process that has exited (a zombie) meanwhile."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def run_folder(logs: Path) -> Path:
     return next(logs.iterdir())
 
@@ -175,11 +183,13 @@ def test_a_stop_mid_case_leaves_no_container_and_no_process(docker_env, mocker_i
 
     def frontend_up() -> tuple[bool | None, int]:
         tree = watcher.sample()
-        up = any("dynamo.frontend" in " ".join(p.cmdline()) for p in tree if p.is_running())
+        up = any("dynamo.frontend" in " ".join(command_of(p)) for p in tree)
         return (True if up else None), len(tree)
 
-    poll_until(frontend_up, Deadline(RUN_TIMEOUT_S), "a case's frontend in the container")
-    run.send_signal(sig)
+    try:
+        poll_until(frontend_up, Deadline(RUN_TIMEOUT_S), "a case's frontend in the container")
+    finally:
+        run.send_signal(sig)  # also when the wait failed: the run must not outlive the test
     out, _ = run.communicate(timeout=120)
     assert run.returncode != 0, out[-3000:]
     assert containers(docker_env, watcher.prefix) == []

@@ -77,6 +77,27 @@ def test_a_backend_that_needs_no_gpu_gets_no_gpus_and_every_container_a_name_and
 
 
 @pytest.mark.parametrize(
+    ("args", "written"),
+    [
+        (["--handoff-logs", "runs", "-n", "2"], ["--handoff-logs=/work/ci/runs", "-n", "2"]),
+        (["-x", "--handoff-logs=../out"], ["-x", "--handoff-logs=/work/out"]),
+        (["-n", "2"], ["-n", "2"]),
+    ],
+)
+def test_the_logs_folder_is_made_absolute_for_pytest_at_the_repository_root(args, written):
+    assert container.absolute_logs(args, Path("/work/ci"))[0] == written
+
+
+def test_a_logs_folder_outside_the_repository_is_mounted_and_handed_back():
+    apart = replace(RUN, logs=Path("/tmp/runs"))
+    pairs = option_pairs(docker_command(apart, environ={}))
+    assert ("-v", "/tmp/runs:/tmp/runs") in pairs and ("-v", "/src/handoff:/src/handoff") in pairs
+    assert "/tmp/runs" in handback_command(apart, uid=1000, gid=1000)
+    inside = docker_command(RUN, environ={})
+    assert [a for a in inside if a.startswith("/tmp/runs")] == []
+
+
+@pytest.mark.parametrize(
     ("backend", "args", "gpu"),
     [
         ("mocker", [], False),

@@ -105,6 +105,14 @@ class Run:
     pytest_args: tuple[str, ...] = ()
     gpus: bool = True
     name: str = "handoff"
+    #: The run folders' parent (--handoff-logs) when it lies outside the repository: mounted
+    #: at the same path, so that the run is on the host afterwards.
+    logs: Path | None = None
+
+    @property
+    def mounts(self) -> list[str]:
+        """Host folders mounted at their own path: the repository, and the logs if apart."""
+        return [str(self.repo)] + ([str(self.logs)] if self.logs else [])
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -221,7 +229,8 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
         "--pid", "host",       # NVML reports host pids: they must match the workers' pids
         "--ipc", "host",       # engines' shared memory (NCCL, tensor broadcast) beyond 64 MB
         # no --user: runtime images expect root (see the module docstring)
-        "-v", f"{repo}:{repo}",  # same path inside, so log paths printed there hold here
+        # same paths inside, so log paths printed there hold here
+        *(arg for path in run.mounts for arg in ("-v", f"{path}:{path}")),
         "-w", repo,
         "-v", f"{run.model_cache}:{CACHE_IN_CONTAINER}",
         "-e", f"HF_HOME={CACHE_IN_CONTAINER}",
@@ -245,12 +254,13 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
 def handback_command(run: Run, uid: int, gid: int) -> list[str]:
     """A short container that gives what root wrote in the mounts back to uid:gid."""
     repo = str(run.repo)
+    logs = [str(run.logs)] if run.logs else []
     return [
         "docker", "run", "--rm", "--network", "none",
-        "-v", f"{repo}:{repo}",
+        *(arg for path in run.mounts for arg in ("-v", f"{path}:{path}")),
         "-v", f"{run.model_cache}:{CACHE_IN_CONTAINER}",
         "--entrypoint", "find", run.image,
-        f"{repo}/.handoff", f"{repo}/packages", CACHE_IN_CONTAINER,
+        f"{repo}/.handoff", f"{repo}/packages", *logs, CACHE_IN_CONTAINER,
         "-user", "0", "-exec", "chown", "-h", f"{uid}:{gid}", "{}", "+",
     ]  # fmt: skip
 
@@ -410,9 +420,10 @@ def hand_back(run: Run, engine: Engine) -> None:
             "" if result.returncode == 0 else (lines[-1] if lines else f"exit {result.returncode}")
         )
     if failed:
+        places = [f"{run.repo}/.handoff", f"{run.repo}/packages", *run.mounts[1:]]
         print(
-            f"handoff: warning: could not give files written as root in {run.repo}/.handoff, "
-            f"{run.repo}/packages and {run.model_cache} back to {uid}:{gid} ({failed}); "
+            f"handoff: warning: could not give files written as root in {', '.join(places)} "
+            f"and {run.model_cache} back to {uid}:{gid} ({failed}); "
             f"remove or chown them with sudo",
             file=sys.stderr,
         )
@@ -456,18 +467,40 @@ def plan(args: argparse.Namespace, pytest_args: Sequence[str], cwd: Path) -> Run
     cache = resolve_model_cache(backend, args.model_cache, repo)
     name = f"handoff-{backend}-{os.getpid()}-{time.strftime('%Y%m%d%H%M%S')}"
     gpus = needs_gpu(backend, pytest_args, repo)
-    return Run(backend, image, repo, cache, tuple(pytest_args), gpus, name)
+    pytest_args, logs = absolute_logs(pytest_args, cwd)
+    apart = logs if logs and not logs.is_relative_to(repo) else None
+    return Run(backend, image, repo, cache, tuple(pytest_args), gpus, name, apart)
+
+
+def option_value(pytest_args: Sequence[str], option: str) -> tuple[int, str] | None:
+    """The index and value of the last `option VALUE` or `option=VALUE` in `pytest_args`."""
+    found = None
+    for n, arg in enumerate(pytest_args):
+        if arg.startswith(option + "="):
+            found = n, arg.partition("=")[2]
+        elif arg == option and n + 1 < len(pytest_args):
+            found = n, pytest_args[n + 1]
+    return found
+
+
+def absolute_logs(pytest_args: Sequence[str], cwd: Path) -> tuple[list[str], Path | None]:
+    """`pytest_args` with --handoff-logs made absolute (pytest runs at the repository's root
+    inside), and that folder."""
+    args = list(pytest_args)
+    found = option_value(args, "--handoff-logs")
+    if found is None:
+        return args, None
+    n, value = found
+    logs = (cwd / value).resolve()
+    args[n : n + (1 if args[n].startswith("--handoff-logs=") else 2)] = [f"--handoff-logs={logs}"]
+    return args, logs
 
 
 def needs_gpu(backend: str, pytest_args: Sequence[str], repo: Path) -> bool:
     """What the backend's plugin on the host says, on the --handoff-device of the pytest
     arguments; a backend the host has no plugin for is taken to need a GPU."""
-    device = None
-    for n, arg in enumerate(pytest_args):
-        if arg.startswith("--handoff-device="):
-            device = arg.partition("=")[2]
-        elif arg == "--handoff-device" and n + 1 < len(pytest_args):
-            device = pytest_args[n + 1]
+    found = option_value(pytest_args, "--handoff-device")
+    device = found[1] if found else None
     try:
         found = configured_backend(backend, {"device": (device, "--handoff-device")}, repo)
     except HandoffError:
@@ -491,6 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Made here, as the host user, so root inside only adds to folders we own.
             run.model_cache.mkdir(parents=True, exist_ok=True)
             (run.repo / ".handoff").mkdir(exist_ok=True)
+            if run.logs:
+                run.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise HandoffError(f"cannot create {exc.filename}: {exc.strerror}") from None
     except HandoffError as exc:
