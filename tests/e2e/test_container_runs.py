@@ -34,19 +34,25 @@ SAMPLE_S = 0.1
 
 
 @pytest.fixture(scope="module")
-def docker_env():
-    """An environment whose `docker` reaches an engine: this machine's, else a private one in
-    a short folder (dockerd's sockets live under it), stopped after the module."""
+def docker_engine():
+    """None when this machine's engine answers, else a private one started in a short folder
+    (dockerd's sockets live under it), stopped after the module."""
     if answers():
-        yield dict(os.environ)
+        yield None
         return
     folder = Path(tempfile.mkdtemp(prefix="hd-"))
     engine = Engine.start(folder)
     try:
-        yield engine.environ
+        yield engine
     finally:
         engine.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def docker_env(docker_engine):
+    """An environment whose `docker` reaches the engine."""
+    return docker_engine.environ if docker_engine else dict(os.environ)
 
 
 @pytest.fixture(scope="module")
