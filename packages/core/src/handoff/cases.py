@@ -6,17 +6,14 @@ Case ids are published (CI dashboards key on them): they never change once relea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from handoff.covering import Model, complete, format_interaction, missing, product_rows, shortfall
 from handoff.covering_search import generate
 from handoff.errors import HandoffError
-
-if TYPE_CHECKING:
-    from handoff.backend import Backend
 
 POLICIES = (
     "migration_enabled",
@@ -259,7 +256,19 @@ class Case:
         return {axis: getattr(self, axis) for axis in AXES}
 
 
-def allowed(topology_name: str, backend: Backend | None = None) -> dict[str, tuple[str, ...]]:
+class Runner(Protocol):
+    """What a selection needs to know of a backend (handoff.backend.Backend is one): its
+    name, the topologies and values it runs, and its roles. A protocol, so that the case model
+    imports nothing of the backends that use it."""
+
+    name: str
+    topologies: Collection[str]
+    restrictions: Sequence[Restriction]
+
+    def roles(self, topology_name: str) -> tuple[str, ...]: ...
+
+
+def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tuple[str, ...]]:
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
     for r in backend.restrictions if backend else ():
@@ -267,12 +276,12 @@ def allowed(topology_name: str, backend: Backend | None = None) -> dict[str, tup
     return values
 
 
-def backend_restriction(backend: Backend, case: Case) -> Restriction | None:
+def backend_restriction(backend: Runner, case: Case) -> Restriction | None:
     """The backend restriction that rules `case` out, if any."""
     return next((r for r in backend.restrictions if getattr(case, r.axis) not in r.allowed), None)
 
 
-def selection(topology_name: str, name: str, backend: Backend | None = None) -> tuple[Case, ...]:
+def selection(topology_name: str, name: str, backend: Runner | None = None) -> tuple[Case, ...]:
     """The cases of one topology and selection, published rows first.
 
     With a backend that cannot run some values (its `restrictions`), those rows are left out;
@@ -320,7 +329,7 @@ def unmet(
     topology_name: str,
     cases: Sequence[Case],
     kept: Promise,
-    backend: Backend | None = None,
+    backend: Runner | None = None,
 ) -> list[str]:
     """What `cases` fail to cover of the promise, named; empty when the promise holds.
 
@@ -335,7 +344,7 @@ def unmet(
     return lines
 
 
-def backend_cases(backend: Backend, topologies: Sequence[str] | None, name: str) -> list[Case]:
+def backend_cases(backend: Runner, topologies: Sequence[str] | None, name: str) -> list[Case]:
     """The selection's cases of the given topologies (default: all the backend runs).
 
     Naming a topology the backend does not run is an error that says why.
