@@ -74,7 +74,7 @@ def qualify_on_mocker(session: nox.Session, selection: str) -> None:
 
 def in_image(session: nox.Session, backend: str, selected: list[str]) -> bool:
     """With `--image IMAGE` among the arguments, run the selection inside that runtime image
-    (handoff.container), with only handoff and the backend's plugin on this machine."""
+    (handoff.commands.container), with only handoff and the backend's plugin on this machine."""
     args = list(session.posargs)
     if "--image" not in args:
         return False
@@ -83,8 +83,8 @@ def in_image(session: nox.Session, backend: str, selected: list[str]) -> bool:
         session.error("--image needs an image, e.g. -- --image handoff-mocker:<tag>")
     image, rest = args[at + 1], args[:at] + args[at + 2 :]
     session.install("-e", "packages/core", "-e", f"packages/{backend}_backend")
-    container = ["python", "-m", "handoff.container", "--backend", backend, "--image", image]
-    session.run(*container, "--", *selected, *rest)
+    container = ["python", "-m", "handoff.commands.container", "--backend", backend]
+    session.run(*container, "--image", image, "--", *selected, *rest)
     return True
 
 
@@ -93,6 +93,13 @@ def mocker_pre_merge(session: nox.Session) -> None:
     """Every topology's pre-merge cases on Dynamo's frontend and mocker workers (no GPU); inside
     a runtime image with `-- --image IMAGE` (`nox -s runtime_images` builds one)."""
     qualify_on_mocker(session, "pre_merge")
+
+
+@nox.session(name="handoff")
+def handoff_command(session: nox.Session) -> None:
+    """The handoff command, e.g. `nox -s handoff -- report RUN_DIR` (arguments after --)."""
+    install_mocker_stack(session)
+    session.run("handoff", *session.posargs)
 
 
 @nox.session

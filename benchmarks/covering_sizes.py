@@ -7,7 +7,7 @@ The `covering_bench` nox session installs handoff's core and allpairspy, and run
 "optimum" column is `lower_bound`: where handoff reaches it, handoff's size is proved optimal and
 the bound is printed alone; elsewhere it reads ">= bound". Without allpairspy its column is "-".
 `--more` adds larger models, strength 3, and a constrained model shaped like handoff's cases.
-Every array is checked with `handoff.covering.missing`; an allpairspy array that misses some
+Every array is checked with `handoff.covering.verify.missing`; an allpairspy array that misses some
 interactions is shown with how many.
 """
 
@@ -19,8 +19,8 @@ import platform
 import time
 from importlib.metadata import PackageNotFoundError, version
 
-from handoff.covering import Implies, Model, missing
-from handoff.covering_search import cover
+from handoff.covering.generate import cover
+from handoff.covering.verify import Implies, Model, missing
 
 #: name -> (level counts, strength), as the issue writes them (4x2^6: one 4-level axis, six
 #: 2-level ones).

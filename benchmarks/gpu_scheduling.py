@@ -18,7 +18,7 @@ machine: nothing it prints then is a measurement.
 3. The plan (`placement.plan`, what `--handoff-dry-run` prints) for those markers under the
    budget; a 60 GiB case is refused.
 4. Together: `--slots` worker processes (as pytest-xdist workers are) take the cases longest
-   first; each takes a reservation from `gpu_ledger.GpuLedger` (a real flock file), runs the
+   first; each takes a reservation from `vram_ledger.GpuLedger` (a real flock file), runs the
    case's process with `CUDA_VISIBLE_DEVICES` of the GPU it was given, and releases. The
    sampler runs throughout: the largest (device used - idle baseline) of every 100 ms sample
    against the budget; every process's peak against its allocation again; makespan against
@@ -43,11 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from handoff.gpu import GIB, MIB, Device, ProcessUse, cuda_env, open_nvml
-from handoff.gpu_ledger import GpuLedger, start_time
-from handoff.placement import Demand, plan, plan_lines
 from handoff.polling import Deadline
-from handoff.profiling import (
+from handoff.sharing.nvml import GIB, MIB, Device, ProcessUse, cuda_env, open_nvml
+from handoff.sharing.placement import Demand, plan, plan_lines
+from handoff.sharing.profiling import (
     Sampler,
     plot,
     profile,
@@ -55,6 +54,7 @@ from handoff.profiling import (
     timeout_marker,
     vram_marker,
 )
+from handoff.sharing.vram_ledger import GpuLedger, start_time
 
 #: name, GiB allocated, seconds held after allocating.
 CASES = [

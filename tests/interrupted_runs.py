@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from handoff.machine.ports import bindable
 from handoff.polling import Deadline, poll_until
-from handoff.ports import bindable
 
 
 class IsolatedRuns:

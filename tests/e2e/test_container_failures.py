@@ -1,4 +1,4 @@
-"""`python -m handoff.container` as the nox session runs it, on a host that cannot run the
+"""`python -m handoff.commands.container` as the nox session runs it, on a host that cannot run the
 container: each failure is real, one line on stderr, exit 2, and fast."""
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.container import DOCKER_INFO_TIMEOUT_S
+from handoff.commands.container import DOCKER_INFO_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--backend", "vllm", "--image", "team/vllm:1", "--", "-k", "aggregate"]
@@ -22,7 +22,7 @@ FAST_S = 20.0
 def run_container(*args, **env):
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "handoff.container", *args],
+        [sys.executable, "-m", "handoff.commands.container", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -1,7 +1,7 @@
 """The runtime container for real: a docker engine (this machine's if one answers, else a
 private one started here, as root, from Debian's docker.io), the mocker's runtime image built
-with no image registry (images/build.py), and qualification cases run inside it by
-`python -m handoff.container`, exactly as `nox -s mocker_pre_merge -- --image IMAGE` does."""
+with no image registry (images/build.py), and qualification cases run inside it by `python -m
+handoff.commands.container`, exactly as `nox -s mocker_pre_merge -- --image IMAGE` does."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import psutil
 import pytest
 from engine import Engine, answers
 
-from handoff.container import LABEL
+from handoff.commands.container import LABEL
 from handoff.polling import Deadline, poll_until
 
 pytestmark = pytest.mark.xdist_group("container")
@@ -69,7 +69,7 @@ def start(docker_env, image: str, logs: Path) -> subprocess.Popen[str]:
     """The host command, as the mocker session runs it with `--image`."""
     args = [arg for case in CASES for arg in ("--handoff-case", case)]
     command = [
-        sys.executable, "-m", "handoff.container", "--backend", "mocker", "--image", image,
+        sys.executable, "-m", "handoff.commands.container", "--backend", "mocker", "--image", image,
         "--", "--handoff-logs", str(logs), "-p", "no:cacheprovider", *args,
     ]  # fmt: skip
     output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}

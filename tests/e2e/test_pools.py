@@ -11,12 +11,12 @@ import pytest
 
 from handoff import pool as pool_module
 from handoff.cases import Case
+from handoff.machine.ports import bindable
 from handoff.policies import POLICIES
 from handoff.pool import Pools
-from handoff.ports import bindable
 from handoff.pytest_plugin import RUN_DIR_ENV
-from handoff.results import RunResults
 from handoff.runner import Settings, run_case
+from handoff.runs.results import RunResults
 from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)

@@ -3,11 +3,13 @@ runs (two xdist workers), `handoff report` writes the page, and Debian's headles
 it (a screenshot) and parses it (its DOM holds one timeline per case)."""
 
 import os
+import shlex
 import shutil
 import struct
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +54,9 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     browser = chromium()  # before spending time on the run
     env = {**os.environ}
     env.pop("HANDOFF_RUN_DIR", None)  # a run folder of its own, not this session's
+    # As a new user after `nox -s mocker_pre_merge`: the venv that has `handoff` is not on PATH.
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if d != venv_bin)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
          "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
@@ -61,8 +66,12 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
 
+    # The run's last line tells how to report it; run that as printed.
+    hint = next(line for line in run.stdout.splitlines() if line.startswith("results: "))
+    printed = hint.partition("; report: ")[2]
+    assert printed.endswith(f" report {run_dir}"), hint
     report = subprocess.run(
-        ["handoff", "report", str(run_dir)], capture_output=True, text=True, timeout=60
+        shlex.split(printed), capture_output=True, text=True, timeout=60, env=env
     )
     assert report.returncode == 0, report.stdout + report.stderr
     page = run_dir / "report.html"

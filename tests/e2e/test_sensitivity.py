@@ -15,10 +15,10 @@ from misbehaving import WrongHolder
 
 from handoff import runner
 from handoff.cases import Case
+from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, Policy
 from handoff.polling import Deadline, poll_until
 from handoff.pool import Pools
-from handoff.ports import bindable
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 

@@ -1,10 +1,10 @@
 """A brute-force reference for the covering checks: every pair the allowed rows hold, minus
-the pairs the rows cover, found by walking the product. Independent of handoff.covering's
+the pairs the rows cover, found by walking the product. Independent of handoff.covering.verify's
 index, so the two can be checked against each other."""
 
 from itertools import combinations
 
-from handoff.covering import Forbidden, Implies, Model, product_rows
+from handoff.covering.verify import Forbidden, Implies, Model, product_rows
 
 
 def pairs_in(axes, rows):

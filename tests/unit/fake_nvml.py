@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handoff.gpu import GIB, Device, ProcessUse
+from handoff.sharing.nvml import GIB, Device, ProcessUse
 
 IDLE_GIB = 0.6  # what the driver holds on an idle GPU (615 MiB on an H200)
 

@@ -5,7 +5,7 @@ import pytest
 
 from handoff.backend import Backend
 from handoff.cases import TOPOLOGIES, Restriction, promise, selection, unmet
-from handoff.covering import complete, pairs_of, product_rows
+from handoff.covering.verify import complete, pairs_of, product_rows
 
 NO_DRAIN = Restriction("fault", ("worker_failure",), "this engine cannot drain")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from handoff import container
-from handoff.container import (
+from handoff.commands import container
+from handoff.commands.container import (
     CACHE_IN_CONTAINER,
     IMAGE_ENV,
     Engine,
@@ -22,8 +22,8 @@ from handoff.container import (
     handback_command,
     main,
 )
-from handoff.environment import gpu_count
 from handoff.errors import HandoffError
+from handoff.machine.environment import gpu_count
 
 RUN = Run(
     backend="vllm",

@@ -7,7 +7,8 @@ from itertools import combinations
 import pytest
 from covering_oracle import allowed_rows, missing_pairs, triples
 
-from handoff.covering import (
+from handoff.covering.generate import cover, generate, greedy, lower_bound
+from handoff.covering.verify import (
     Forbidden,
     Implies,
     Model,
@@ -19,7 +20,6 @@ from handoff.covering import (
     shortfall,
     trace,
 )
-from handoff.covering_search import cover, generate, greedy, lower_bound
 from handoff.errors import HandoffError
 
 

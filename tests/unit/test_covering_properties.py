@@ -9,14 +9,14 @@ from covering_oracle import allowed_rows, missing_pairs, triples
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from handoff.covering import (
+from handoff.covering.generate import generate, lower_bound
+from handoff.covering.verify import (
     Forbidden,
     Implies,
     Model,
     missing,
     pairs_of,
 )
-from handoff.covering_search import generate, lower_bound
 from handoff.errors import HandoffError
 
 #: Correctness, not size, is under test here: a small search budget keeps each example quick.

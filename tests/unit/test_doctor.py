@@ -3,10 +3,10 @@
 import pytest
 
 from handoff.cli import main
-from handoff.container import FIX_DOCKER
-from handoff.doctor import check_dynamo, check_python
-from handoff.environment import gpu_count
-from handoff.ports import PortLeases, bindable
+from handoff.commands.container import FIX_DOCKER
+from handoff.commands.doctor import check_dynamo, check_python
+from handoff.machine.environment import gpu_count
+from handoff.machine.ports import PortLeases, bindable
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from handoff.cli import main
-from handoff.results import CaseRecord, RunResults
+from handoff.runs.results import CaseRecord, RunResults
 
 PREFIX = "packages/core/src/handoff/qualification.py::test_migration"
 SELECTION = [

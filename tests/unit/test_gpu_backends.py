@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from handoff import cli, plugins, services
+from handoff import cli, plugins
 from handoff.backend import Model
 from handoff.cases import TOPOLOGIES, Case, selection
-from handoff.environment import missing_modules
 from handoff.errors import HandoffError
 from handoff.gpu_backend import CONTEXT_TOKENS, DEFAULT_MODEL, SENTENCE, DynamoGpuBackend
+from handoff.machine import services
+from handoff.machine.environment import missing_modules
 from handoff.policies import POLICIES
 from handoff.settings import Configuration, Setting
 from handoff_sglang import SglangBackend

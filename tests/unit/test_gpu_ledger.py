@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fake_nvml import FakeNvml
 
-from handoff.gpu_ledger import GpuLedger, process_trees, start_time
-from handoff.placement import Demand
 from handoff.polling import Deadline, Timeout, poll_until
+from handoff.sharing.placement import Demand
+from handoff.sharing.vram_ledger import GpuLedger, process_trees, start_time
 
 HERE = Path(__file__).parent
 #: A competitor: says it is asking, takes its GiB from the ledger (budget 10 of a 24 GiB GPU),
@@ -24,8 +24,8 @@ import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from fake_nvml import FakeNvml
-from handoff.gpu_ledger import GpuLedger
-from handoff.placement import Demand
+from handoff.sharing.vram_ledger import GpuLedger
+from handoff.sharing.placement import Demand
 from handoff.polling import Deadline, poll_until
 folder, gib, log = Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 ledger = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
@@ -94,8 +94,8 @@ def test_a_killed_holder_no_longer_counts(tmp_path):
          "from pathlib import Path\n"
          f"sys.path.insert(0, {str(HERE)!r})\n"
          "from fake_nvml import FakeNvml\n"
-         "from handoff.gpu_ledger import GpuLedger\n"
-         "from handoff.placement import Demand\n"
+         "from handoff.sharing.vram_ledger import GpuLedger\n"
+         "from handoff.sharing.placement import Demand\n"
          "from handoff.polling import Deadline\n"
          f"GpuLedger(FakeNvml(24), 10, Path({str(folder)!r}))"
          ".take(Demand('held', 10), Deadline(10))\n"

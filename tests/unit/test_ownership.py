@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from handoff import ownership
+from handoff.machine import ownership
 from handoff.polling import Deadline, poll_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
@@ -34,7 +34,7 @@ def test_processes_of_a_killed_run_are_reaped(state):
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys, time\n"
-         "from handoff import ownership\n"
+         "from handoff.machine import ownership\n"
          f"p = subprocess.Popen({SLEEPER!r}, start_new_session=True)\n"
          "ownership.record(p.pid, 'worker-0-aggregate')\n"
          "print(p.pid, flush=True)\n"
@@ -69,7 +69,7 @@ def test_a_reused_pid_is_never_killed(state):
 
 
 def test_a_process_that_exits_cleanly_leaves_no_record(state, tmp_path):
-    from handoff.processes import ManagedProcess
+    from handoff.machine.processes import ManagedProcess
 
     process = ManagedProcess("sleeper", SLEEPER, {}, tmp_path / "sleeper.log")
     process.start()
@@ -91,7 +91,7 @@ def test_the_group_a_dead_worker_left_is_reaped(state):
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys, time\n"
-         "from handoff import ownership\n"
+         "from handoff.machine import ownership\n"
          f"parent = subprocess.Popen([sys.executable, '-c', {worker!r}], "
          "start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
          "ownership.record(parent.pid, 'worker-0-aggregate')\n"

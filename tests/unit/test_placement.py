@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from handoff.placement import (
+from handoff.sharing.placement import (
     Demand,
     Room,
     best_fit,

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from handoff.errors import HandoffError
-from handoff.ports import LEASE_DIR_ENV, PORT_RANGE, PortLeases, bindable
+from handoff.machine.ports import LEASE_DIR_ENV, PORT_RANGE, PortLeases, bindable
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ import psutil
 import pytest
 
 from handoff.errors import HandoffError
+from handoff.machine.processes import ManagedProcess
 from handoff.polling import Deadline, poll_until
-from handoff.processes import ManagedProcess
 
 
 def test_kill_takes_down_the_whole_tree(tmp_path):

@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from handoff.progress import LiveProgress
+from handoff.runs.progress import LiveProgress
 
 
 def test_counts_done_running_and_failed():

@@ -3,7 +3,7 @@ same layout runs for real in tests/e2e/test_pools.py)."""
 
 import json
 
-from handoff import registrations
+from handoff.machine import registrations
 
 GENERATE = 6832280171663054764  # 0x5ed1229dfdebd7ac
 OTHER = 11119683189519215782  # 0x9a510cf23e2ceca6

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from handoff.cli import main
-from handoff.report import nice_step
-from handoff.results import RunResults
+from handoff.runs.report import nice_step
+from handoff.runs.results import RunResults
 
 DATA = Path(__file__).parent / "data" / "report_run"
 STREAM = "aggregate/migration_enabled-worker_failure-chat-stream-tcp"

@@ -8,12 +8,13 @@ import os
 import pytest
 from fake_nvml import FakeNvml
 
-from handoff import pytest_plugin, scheduling
-from handoff.cpus import Slots
-from handoff.gpu_ledger import GpuLedger
+from handoff import pytest_plugin
 from handoff.history import History
-from handoff.ports import LEASE_DIR_ENV
+from handoff.machine.ports import LEASE_DIR_ENV
 from handoff.runner import CaseResult
+from handoff.sharing import scheduling
+from handoff.sharing.cpus import Slots
+from handoff.sharing.vram_ledger import GpuLedger
 from handoff.verdict import Verdict
 from handoff_mocker import MockerBackend
 

@@ -23,10 +23,11 @@ from test_gpu_backends import (
     render,
 )
 
-from handoff import cli, plugins, services, word_tokenizer
+from handoff import cli, plugins, word_tokenizer
 from handoff.cases import selection
-from handoff.environment import missing_modules
 from handoff.errors import HandoffError
+from handoff.machine import services
+from handoff.machine.environment import missing_modules
 from handoff.settings import Configuration, Setting
 from handoff_vllm import VllmBackend, cpu, tiny_model
 

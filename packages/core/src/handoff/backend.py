@@ -14,7 +14,7 @@ from handoff.settings import BUILT_IN, Configuration, Setting
 
 if TYPE_CHECKING:
     from handoff.cases import Case, Restriction
-    from handoff.processes import ManagedProcess
+    from handoff.machine.processes import ManagedProcess
 
 #: Dynamo's runtime exports this on every worker's system port, whatever the engine.
 INFLIGHT = "dynamo_component_inflight_requests"

@@ -11,8 +11,15 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Protocol
 
-from handoff.covering import Model, complete, format_interaction, missing, product_rows, shortfall
-from handoff.covering_search import generate
+from handoff.covering.generate import generate
+from handoff.covering.verify import (
+    Model,
+    complete,
+    format_interaction,
+    missing,
+    product_rows,
+    shortfall,
+)
 from handoff.errors import HandoffError
 
 POLICIES = (
@@ -67,10 +74,6 @@ class Promise:
         if self.each_value_of:
             parts.append("every value of " + ", ".join(self.each_value_of))
         return "; ".join(parts)
-
-
-#: Nightly selections promise every triple of allowed values (so every pair and value too).
-EVERY_TRIPLE = Promise(triples_over=tuple(AXES), each_value_of=tuple(AXES))
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,13 @@ def _nightly_rows(
 
 
 def promise(topology_name: str, name: str) -> Promise:
-    return topology(topology_name).pre_merge_promise if name == "pre_merge" else EVERY_TRIPLE
+    """What the selection promises. A nightly promises every triple over the axes the
+    topology's ids name: an axis it fixes to one value (kv_transfer's policy) has nothing to
+    cover."""
+    where = topology(topology_name)
+    if name == "pre_merge":
+        return where.pre_merge_promise
+    return Promise(triples_over=where.id_axes, each_value_of=where.id_axes)
 
 
 def unmet(

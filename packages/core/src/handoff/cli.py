@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from handoff import container, doctor, durations, merge, profiling, report
 from handoff.backend import Backend
 from handoff.cases import (
     SELECTIONS,
@@ -26,17 +26,30 @@ from handoff.cases import (
     topology,
     unmet,
 )
-from handoff.covering import Model, format_interaction, trace
+from handoff.commands import container, doctor
+from handoff.commands.nightly import print_table, required_missing, run_nightly
+from handoff.covering.verify import Model, format_interaction, trace
 from handoff.errors import HandoffError
-from handoff.nightly import print_table, required_missing, run_nightly
-from handoff.plugins import configured_backend, load
-from handoff.results import RunResults
+from handoff.plugins import ONLY_ENV, configured_backend, load
+from handoff.runs import durations, merge, report
+from handoff.runs.results import RunResults
 from handoff.settings import KEYS
+from handoff.sharing import profiling
 
 DEVICE_HELP = "the device whose cases and settings to show (default: the device setting)"
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BrokenPipeError:
+        # The reader went away (`handoff cases | head`): stop quietly, as a Unix filter does
+        # on SIGPIPE, with nothing more written to the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="handoff", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("backends", help="installed backends, versions and topologies")
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     shards.add_argument("run_dirs", metavar="RUN_DIR", type=Path, nargs="+")
     shards.add_argument("-o", "--output", type=Path, required=True, help="the merged run folder")
     args, extra = parser.parse_known_args(argv)
-    if args.command == "profile":  # its own parser: handoff.profiling
+    if args.command == "profile":  # its own parser: handoff.sharing.profiling
         return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
     if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -138,7 +151,15 @@ def list_backends() -> int:
         table.add_row(
             name, backend.version, ", ".join(backend.topologies), backend.migration_counts
         )
+    if loaded.filtered and not loaded.backends and not loaded.broken:
+        only = os.environ.get(ONLY_ENV, "")
+        raise HandoffError(
+            f"{ONLY_ENV}={only!r} matches no installed backend plugin (installed: "
+            f"{', '.join(loaded.filtered)}): fix it or unset it"
+        )
     Console().print(table)
+    if loaded.filtered:
+        print(f"handoff: {ONLY_ENV} left out: {', '.join(loaded.filtered)}", file=sys.stderr)
     for problem in loaded.broken.values():
         print(f"handoff: error: {problem}", file=sys.stderr)
     return 1 if loaded.broken else 0

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import requests
 
-from handoff import services
 from handoff.backend import Backend, Worker
 from handoff.cases import Case
 from handoff.errors import CaseFailure
+from handoff.machine import services
+from handoff.machine.ports import PortLeases
+from handoff.machine.processes import ManagedProcess
 from handoff.policies import Policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, StartupFailure, stop_all
-from handoff.ports import PortLeases
-from handoff.processes import ManagedProcess
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
 HEALTH_ENDPOINT = {

@@ -38,8 +38,8 @@ from typing import ClassVar
 
 from handoff.backend import Backend, Launch, Model, Shape
 from handoff.cases import Case
-from handoff.environment import require_engine
 from handoff.errors import HandoffError
+from handoff.machine.environment import require_engine
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 #: Every worker's context (max model length): the longest prompt plus its output fits it.
@@ -179,7 +179,7 @@ class DynamoGpuBackend(Backend):
             *self.engine_argv(role, model, ports, folder),
         ]  # fmt: skip
         # No hub variable from `model_cache`: that setting is a host folder, which the runtime
-        # container mounts as its HF_HOME (handoff.container); the workers inherit HF_HOME
+        # container mounts as its HF_HOME (handoff.commands.container); the workers inherit HF_HOME
         # (or the shell's own hub variables, outside a container) with the runtime env.
         env = {**dynamo_worker_env(ports["system"]), **self.engine_env(role, ports)}
         return Launch(argv, env, self.worker_niceness)

@@ -1,8 +1,12 @@
-"""The plugin manager: backends come from the `handoff.backends` entry point group only."""
+"""Plugins: what a handoff plugin may answer (each hook's docstring is its contract), and the
+plugin manager, which finds backends in the `handoff.backends` entry point group only."""
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -10,14 +14,23 @@ from pathlib import Path
 
 import pluggy
 
-from handoff import hookspecs
 from handoff.backend import Backend
 from handoff.errors import HandoffError
 from handoff.settings import resolve
 
+hookspec = pluggy.HookspecMarker("handoff")
+hookimpl = pluggy.HookimplMarker("handoff")
 GROUP = "handoff.backends"
 #: Comma-separated entry point names; when set, only those plugins load.
 ONLY_ENV = "HANDOFF_PLUGINS"
+
+
+@hookspec
+def register_backends(register: Callable[[Backend], None]) -> None:
+    """Called once when plugins load; call `register(backend)` for each Backend you provide.
+
+    A backend name must be unique across installed plugins: a second one is an error.
+    """
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,23 @@ class Loaded:
 
     backends: dict[str, Backend]
     broken: dict[str, str]
+    #: Installed plugins that HANDOFF_PLUGINS left out, by entry point name.
+    filtered: tuple[str, ...] = ()
+
+    def unknown(self, name: str) -> str:
+        """Why no backend is called `name`, and the fix: a filter that left it out, the nearest
+        installed name, or what is installed."""
+        only = os.environ.get(ONLY_ENV, "")
+        if name in self.filtered:
+            return (
+                f"backend {name!r} is installed but {ONLY_ENV}={only!r} leaves it out: add it "
+                f"there or unset {ONLY_ENV}"
+            )
+        listing = ", ".join(sorted(self.backends)) or "none"
+        near = difflib.get_close_matches(name, [*self.backends, *self.filtered], n=1)
+        hint = f"did you mean {near[0]!r}?" if near else "install the package that provides it"
+        note = f"; {ONLY_ENV}={only!r} left out {', '.join(self.filtered)}" if self.filtered else ""
+        return f"unknown backend {name!r} (loaded: {listing}{note}): {hint}"
 
 
 @cache
@@ -34,12 +64,14 @@ def load() -> Loaded:
     registers something that is not a Backend) is recorded with its package and skipped, so
     the other backends still work."""
     pm = pluggy.PluginManager("handoff")
-    pm.add_hookspecs(hookspecs)
+    pm.add_hookspecs(sys.modules[__name__])
     only = {n.strip() for n in os.environ.get(ONLY_ENV, "").split(",") if n.strip()}
     packages: dict[str, str] = {}
     broken: dict[str, str] = {}
+    filtered = []
     for ep in entry_points(group=GROUP):
         if only and ep.name not in only:
+            filtered.append(ep.name)
             continue
         packages[ep.name] = ep.dist.name if ep.dist else "its package"
         try:
@@ -66,7 +98,7 @@ def load() -> Loaded:
             broken[impl.plugin_name] = _broken(impl.plugin_name, package, "is broken", exc)
             continue
         found.update((backend.name, backend) for backend in mine)
-    return Loaded(found, broken)
+    return Loaded(found, broken, tuple(sorted(filtered)))
 
 
 def _broken(plugin: str, package: str, what: str, exc: Exception) -> str:
@@ -77,18 +109,13 @@ def _broken(plugin: str, package: str, what: str, exc: Exception) -> str:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called `name`; if its plugin is broken, that error; else one listing the
-    installed backends."""
+    """The backend called `name`; if its plugin is broken, that error; else why it is unknown."""
     loaded = load()
     if name in loaded.backends:
         return loaded.backends[name]
     if name in loaded.broken:
         raise HandoffError(loaded.broken[name])
-    listing = ", ".join(sorted(loaded.backends)) or "none"
-    raise HandoffError(
-        f"unknown backend {name!r} (installed: {listing}); "
-        f"install its package, e.g. pip install handoff-{name}"
-    )
+    raise HandoffError(loaded.unknown(name))
 
 
 def configured_backend(

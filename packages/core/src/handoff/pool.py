@@ -33,13 +33,14 @@ from pathlib import Path
 import psutil
 import requests
 
-from handoff import metrics, registrations, services
+from handoff import metrics
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
+from handoff.machine import registrations, services
+from handoff.machine.ports import PortLeases, bindable, listener
+from handoff.machine.processes import ManagedProcess
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.ports import PortLeases, bindable, listener
-from handoff.processes import ManagedProcess
 
 TEARDOWN_TIMEOUT_S = 15.0
 #: Pools are numbered in the order a process starts them, whatever `Pools` starts them.
@@ -277,7 +278,7 @@ def _busy(leases: PortLeases) -> list[int]:
 
 class Pools:
     """The pool of one pytest process: one at a time, since a pool's cases run one after
-    another (handoff.scheduling) and an idle worker is not free everywhere (a disaggregated
+    another (handoff.sharing.scheduling) and an idle worker is not free everywhere (a disaggregated
     vLLM worker on a CPU spins). Nothing outlives `close()`."""
 
     def __init__(self, folder: Path, tag: str = "") -> None:

@@ -13,17 +13,20 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import durations, ownership, scheduling
 from handoff.backend import Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
+from handoff.machine import ownership
+from handoff.machine.environment import handoff_command
 from handoff.plugins import configured_backend
 from handoff.pool import PoolKey, Pools
-from handoff.progress import LiveProgress
-from handoff.report import case_table
-from handoff.results import FILE as RESULTS_FILE
-from handoff.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe
 from handoff.runner import Settings
+from handoff.runs import durations
+from handoff.runs.progress import LiveProgress
+from handoff.runs.report import case_table
+from handoff.runs.results import FILE as RESULTS_FILE
+from handoff.runs.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe
+from handoff.sharing import scheduling
 
 #: The workerinput key by which the controller tells an xdist worker it groups items by pool.
 LOADGROUP = "handoff_loadgroup"
@@ -392,7 +395,8 @@ class RunReport:
             f"{len(self.records)} cases: {len(self.records) - failed} passed, {failed} failed"
         )
         run_dir = os.environ[RUN_DIR_ENV]
-        tr.write_line(f"results: {run_dir}/{RESULTS_FILE}; report: handoff report {run_dir}")
+        command = handoff_command()
+        tr.write_line(f"results: {run_dir}/{RESULTS_FILE}; report: {command} report {run_dir}")
 
 
 @pytest.hookimpl(trylast=True)

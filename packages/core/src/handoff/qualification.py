@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from handoff import results
 from handoff.runner import run_case
+from handoff.runs import results
 
 
 def test_migration(

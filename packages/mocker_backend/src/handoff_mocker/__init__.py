@@ -20,7 +20,7 @@ from typing import ClassVar
 from handoff.backend import Backend, Launch, Model, Shape
 from handoff.cases import Case
 from handoff.errors import HandoffError
-from handoff.hookspecs import hookimpl
+from handoff.plugins import hookimpl
 from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt
 from handoff_mocker.model import write_model
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from handoff.backend import Model
 from handoff.gpu_backend import CONTEXT_TOKENS, PREFILL_TOO_SHORT, DynamoGpuBackend
-from handoff.hookspecs import hookimpl
-from handoff.services import LOOPBACK
+from handoff.machine.services import LOOPBACK
+from handoff.plugins import hookimpl
 
 KV_TOKENS = 1024
 PAGE_TOKENS = 16

@@ -26,7 +26,7 @@ from pathlib import Path
 from handoff.backend import Model
 from handoff.cases import Restriction
 from handoff.gpu_backend import CONTEXT_TOKENS, DynamoGpuBackend
-from handoff.hookspecs import hookimpl
+from handoff.plugins import hookimpl
 
 KV_TOKENS = 4096
 FREE_GPU_MEMORY_FRACTION = 0.15

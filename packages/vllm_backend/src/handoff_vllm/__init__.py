@@ -30,7 +30,6 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import Model
-from handoff.environment import require_engine, require_modules
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -38,8 +37,9 @@ from handoff.gpu_backend import (
     SENTENCE,
     DynamoGpuBackend,
 )
-from handoff.hookspecs import hookimpl
-from handoff.services import LOOPBACK
+from handoff.machine.environment import require_engine, require_modules
+from handoff.machine.services import LOOPBACK
+from handoff.plugins import hookimpl
 from handoff_vllm import cpu, tiny_model
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).

@@ -31,7 +31,7 @@
 
 from __future__ import annotations
 
-from handoff.services import LOOPBACK
+from handoff.machine.services import LOOPBACK
 
 BLOCK_TOKENS = 32
 KV_CACHE_GIB = 1

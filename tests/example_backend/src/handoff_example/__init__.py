@@ -3,7 +3,7 @@ the mocker underneath. It runs aggregate cases only and counts migrations as a l
 
 from importlib.metadata import version
 
-from handoff.hookspecs import hookimpl
+from handoff.plugins import hookimpl
 from handoff_mocker import MockerBackend
 
 ONLY_AGGREGATE = "the example engine has no disaggregated mode"

@@ -1,5 +1,5 @@
 """CPU slots: how many CPUs this process may use, which cases share by what each keeps busy
-(`Backend.cpus_per_case`; handoff.scheduling divides).
+(`Backend.cpus_per_case`; handoff.sharing.scheduling divides).
 
 A slot is one whole CPU. The count is the smaller of the CPUs in this process's affinity mask
 (`os.sched_getaffinity`, which taskset and container cpusets narrow) and the CPU quota of its

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from handoff.backend import Backend
 from handoff.errors import HandoffError
-from handoff.results import RunResults
+from handoff.runs.results import RunResults
 
 #: Where a backend's durations live by default, relative to the working folder (the
 #: repository root, where nox and CI run): committed, so that every runner reads the same file.

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from handoff import ownership
 from handoff.errors import HandoffError
+from handoff.machine import ownership
 from handoff.polling import Deadline, Timeout, poll_until
 
 

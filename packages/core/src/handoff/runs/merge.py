@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from handoff.errors import HandoffError
-from handoff.report import case_folder
-from handoff.results import FILE, RunResults
+from handoff.runs.report import case_folder
+from handoff.runs.results import FILE, RunResults
 
 JUNIT = "junit.xml"
 #: JUnit counters a merged suite adds up over its shards.

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from handoff.errors import HandoffError
-from handoff.results import CaseRecord, RunResults
+from handoff.runs.results import CaseRecord, RunResults
 
 HTML_FILE = "report.html"
 HISTORY_FILE = "history.json"

@@ -5,7 +5,7 @@ Each backend runs in its own pytest process (its own JUnit file in the run folde
 backend's crash cannot take the others' results with it. A backend whose engine or GPU is
 missing here is reported as not run, with its own one-line reason, unless it has an image
 (the --image option, else HANDOFF_IMAGE, else its `image` setting): then it runs inside that
-image (see handoff.container). Backends that take no image (the mocker) run on the host.
+image (see handoff.commands.container). Backends that take no image (the mocker) run on the host.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from handoff.container import pytest_command
+from handoff.commands.container import pytest_command
 from handoff.errors import HandoffError
 from handoff.plugins import configured_backend, load
-from handoff.results import RUN_DIR_ENV
+from handoff.runs.results import RUN_DIR_ENV
 
 IMAGE_ENV = "HANDOFF_IMAGE"
 
@@ -72,8 +72,8 @@ def run_backend(name: str, run_dir: Path, image: str | None, pytest_args: list[s
     if image is None:
         argv = pytest_command(name, args, sys.executable)
     else:
-        argv = [sys.executable, "-m", "handoff.container", "--backend", name, "--image", image]
-        argv += ["--", *args]
+        argv = [sys.executable, "-m", "handoff.commands.container", "--backend", name]
+        argv += ["--image", image, "--", *args]
     started = time.monotonic()
     # Its own run folder under the night's, even when this process was handed one.
     env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}

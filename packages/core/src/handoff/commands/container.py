@@ -1,7 +1,7 @@
 """Run the qualification suite inside a team's runtime container image.
 
-    python -m handoff.container --backend B [--image IMAGE] [--model-cache DIR] [--dry-run] \\
-        -- [PYTEST_ARGS...]
+    python -m handoff.commands.container --backend B [--image IMAGE] [--model-cache DIR] \\
+        [--dry-run] -- [PYTEST_ARGS...]
 
 On the host only the handoff core package is needed: this module checks that the host can run
 the image, then starts it with `docker run`. Inside, the handoff packages of this repository
@@ -59,8 +59,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from handoff.environment import gpu_count, require_binary
 from handoff.errors import HandoffError
+from handoff.machine.environment import gpu_count, require_binary
 from handoff.plugins import configured_backend
 from handoff.polling import Deadline
 from handoff.settings import Configuration, resolve
@@ -438,7 +438,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m handoff.container",
+        prog="python -m handoff.commands.container",
         description="Run the qualification suite inside a runtime container image. "
         "Arguments after -- go to pytest.",
     )

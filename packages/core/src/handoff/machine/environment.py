@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
+from pathlib import Path
 
 from handoff.errors import HandoffError
 
@@ -59,3 +61,19 @@ def require_binary(name: str, fix: str) -> str:
     if path is None:
         raise HandoffError(f"{name} is not on PATH: {fix}")
     return path
+
+
+def handoff_command() -> str:
+    """The `handoff` command as the user can type it here: plain `handoff` when PATH finds
+    this installation's, else its script beside this interpreter (a nox session's venv), by a
+    path relative to the working folder when it is under it."""
+    script = Path(sys.executable).parent / "handoff"
+    found = shutil.which("handoff")
+    if found and Path(found).resolve() == script.resolve():
+        return "handoff"
+    if not script.exists():
+        return f"{sys.executable} -m handoff.cli"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)

@@ -8,7 +8,7 @@ what the constraints rule out is never reported missing. `missing` names the req
 interactions no row covers, at any strength, found without walking the product; `shortfall` checks a
 selection against a promise; `trace` names the first row covering each required interaction.
 
-Generation (greedy, search, lower bound) lives in `handoff.covering_search`: it needs this
+Generation (greedy, search, lower bound) lives in `handoff.covering.generate`: it needs this
 module, this one never needs it, and each stays one job at a readable length.
 
 Every list returned here is in declared axis and value order (not sorted names, never a set's

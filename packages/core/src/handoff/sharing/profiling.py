@@ -1,5 +1,5 @@
-"""`handoff profile CASE...` (today `python -m handoff.profiling CASE...`): the GPU memory a case
-really uses, measured with NVML, and the markers that follow from it.
+"""`handoff profile CASE...` (or `python -m handoff.sharing.profiling CASE...`): the GPU memory a
+case really uses, measured with NVML, and the markers that follow from it.
 
 - `Sampler`: a thread reading NVML every 100 ms (each visible GPU's used bytes and, where the
   platform gives it, each process's) from before the case starts until after its teardown;
@@ -10,7 +10,7 @@ really uses, measured with NVML, and the markers that follow from it.
 - Markers to paste: `profiled_vram_gib` = the largest peak above baseline of any GPU, rounded up
   to 0.1 GiB: the whole deployment, CUDA contexts included, which is what the VRAM ledger
   budgets; `timeout` = TIMEOUT_FACTOR times the measured wall time, rounded up to 10 s.
-- The plot (`vram.png` in the case folder, written by `handoff.plot` with the standard
+- The plot (`vram.png` in the case folder, written by `handoff.sharing.plot` with the standard
   library): GiB above baseline over the seconds since the case started, with the case history's
   fault (`fault_sent`), migration (`migration_seen`) and completion (`response_finished`).
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handoff.errors import HandoffError
-from handoff.gpu import GIB, MIB, GpuUnavailable, Nvml, open_nvml
-from handoff.plot import timeline_png
 from handoff.polling import Deadline, Timeout, poll_until
+from handoff.sharing.nvml import GIB, MIB, GpuUnavailable, Nvml, open_nvml
+from handoff.sharing.plot import timeline_png
 
 INTERVAL_S = 0.1
 SETTLE_S = 5.0

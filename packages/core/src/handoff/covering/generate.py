@@ -1,6 +1,6 @@
 """Covering arrays, the generating half: the smallest array this finds for a model.
 
-Strength t is 2 by default, 3 on request (1 works too). `Space` (in `handoff.covering`) gives
+Strength t is 2 by default, 3 on request (1 works too). `Space` (in `handoff.covering.verify`) gives
 the allowed rows and the required interactions, so constraints shape everything below.
 
 - `lower_bound`: the most required interactions on any one set of t axes (each row covers
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil, comb
 
-from handoff.covering import Interactions, Model, Space
+from handoff.covering.verify import Interactions, Model, Space
 from handoff.errors import HandoffError
 
 SEED = 0x5EED_C0FE

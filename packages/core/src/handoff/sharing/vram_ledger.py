@@ -34,11 +34,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from handoff import placement
-from handoff.gpu import Device, Nvml, gib
-from handoff.placement import Demand, Room
+from handoff.machine.ports import lease_dir
 from handoff.polling import Deadline, poll_until
-from handoff.ports import lease_dir
+from handoff.sharing import placement
+from handoff.sharing.nvml import Device, Nvml, gib
+from handoff.sharing.placement import Demand, Room
 
 LEDGER_FILE = "vram-ledger.json"
 LOCK_FILE = "vram-ledger.lock"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from handoff.services import LOOPBACK
+from handoff.machine.services import LOOPBACK
 
 KV_QUERY_PREFIX = "worker_kv_query_source_"
 

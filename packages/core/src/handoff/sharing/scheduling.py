@@ -1,5 +1,5 @@
 """Cases of a pytest run under two budgets: CPU slots and GPU memory (the pytest side of
-`handoff.placement` and `handoff.gpu_ledger`).
+`handoff.sharing.placement` and `handoff.sharing.vram_ledger`).
 
 - CPU slots are pytest-xdist workers (`-n`): xdist runs one case at a time per worker, and its
   `--maxprocesses` caps only `-n auto`. In a qualification run (`--pyargs
@@ -38,12 +38,12 @@ import os
 
 import pytest
 
-from handoff.cpus import cpu_slots
 from handoff.errors import HandoffError
-from handoff.gpu import ORDER_ENV, VISIBLE_ENV, GpuUnavailable, cuda_env, open_nvml
-from handoff.gpu_ledger import GpuLedger, Reservation
-from handoff.placement import Demand, Room, plan, plan_lines, refusal
 from handoff.polling import Deadline, Timeout
+from handoff.sharing.cpus import cpu_slots
+from handoff.sharing.nvml import ORDER_ENV, VISIBLE_ENV, GpuUnavailable, cuda_env, open_nvml
+from handoff.sharing.placement import Demand, Room, plan, plan_lines, refusal
+from handoff.sharing.vram_ledger import GpuLedger, Reservation
 
 REFUSED = "handoff: not run: "
 #: The least a GPU case waits for room, however short the run's timeouts.

@@ -1,0 +1,1 @@
+"""The commands beside the run of one case: the runtime container, the doctor, the nightly run."""

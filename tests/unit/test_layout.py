@@ -1,0 +1,66 @@
+"""The core package's layout: the top level holds the flow of one case and few modules beside
+it, and no module imports one that imports it back (directly or around a circle), counting
+imports made only for type checking and those inside functions."""
+
+import ast
+from pathlib import Path
+
+import handoff
+
+CORE = Path(handoff.__file__).parent
+MOST_AT_TOP = 22
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(CORE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Each core module and the core modules it imports, from its source."""
+    modules = {module_name(p): p for p in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            graph[name].update(f for f in found if f in modules and f != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle: a path from a module back to itself, found by depth-first search."""
+    found, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph[module]):
+            if target in path:
+                found.append([*path[path.index(target) :], target])
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert circles(imports()) == []
+
+
+def test_a_circle_is_found_when_there_is_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_the_top_level_holds_at_most_22_modules():
+    top = sorted(p.name for p in CORE.glob("*.py"))
+    assert len(top) <= MOST_AT_TOP, top
+    assert {"cases.py", "backend.py", "deployment.py", "faults.py", "client.py", "verdict.py",
+            "history.py", "runner.py", "pytest_plugin.py", "cli.py"} <= set(top)  # fmt: skip
