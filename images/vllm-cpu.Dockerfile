@@ -8,6 +8,10 @@ COPY ca-certificates.crt /etc/ssl/certs/handoff-pip.crt
 ENV PIP_CERT=/etc/ssl/certs/handoff-pip.crt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
+# vLLM's CPU kernels (vllm._C) link libnuma; without it every worker fails at engine start.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
 COPY . /opt/handoff
 RUN python3 -m venv /opt/nox \
  && /opt/nox/bin/pip install -q nox \
