@@ -30,11 +30,14 @@ def reasons_of(result) -> str:
     return " | ".join(result.verdict.reasons)
 
 
+def misconfigured(backend, case, folder, frontend_policy: str):
+    """The case against a frontend started with another policy than the case's."""
+    policy = POLICIES[frontend_policy]
+    return run_case(backend, case, folder, SETTINGS, TIMEOUT_S, frontend_policy=policy)
+
+
 def test_migration_off_at_the_frontend_fails_a_case_that_expects_it(vllm_cpu, tmp_path):
-    result = run_case(
-        vllm_cpu, STREAM, tmp_path, SETTINGS, TIMEOUT_S,
-        frontend_policy=POLICIES["migration_disabled"],
-    )  # fmt: skip
+    result = misconfigured(vllm_cpu, STREAM, tmp_path, "migration_disabled")
     reasons = reasons_of(result)
     assert "the stream carried an error frame" in reasons
     assert "migration counter succeeded = 0, expected 1" in reasons
@@ -43,10 +46,7 @@ def test_migration_off_at_the_frontend_fails_a_case_that_expects_it(vllm_cpu, tm
 def test_a_frontend_that_migrates_fails_a_migration_disabled_case(vllm_cpu, tmp_path):
     """The other way round: the policy forbids migration, the frontend migrates anyway."""
     case = Case.from_id("migration_disabled-worker_failure-chat-stream-nats", "aggregate")
-    result = run_case(
-        vllm_cpu, case, tmp_path, SETTINGS, TIMEOUT_S,
-        frontend_policy=POLICIES["migration_enabled"],
-    )  # fmt: skip
+    result = misconfigured(vllm_cpu, case, tmp_path, "migration_enabled")
     reasons = reasons_of(result)
     assert "policy migration_disabled requires an API error after the fault" in reasons
     assert "migration counter succeeded = 1, expected 0" in reasons
