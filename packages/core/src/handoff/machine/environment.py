@@ -64,16 +64,16 @@ def require_binary(name: str, fix: str) -> str:
 
 
 def handoff_command() -> str:
-    """The `handoff` command as the user can type it here: plain `handoff` when PATH finds
-    this installation's, else its script beside this interpreter (a nox session's venv), by a
-    path relative to the working folder when it is under it."""
+    """The `handoff` command as the user can type it after this run, from this folder: the
+    script beside this interpreter by its relative path when it lies under the working folder
+    (a nox session's venv, which is on PATH only while the session runs), else plain `handoff`
+    when PATH finds that script, else its absolute path."""
     script = Path(sys.executable).parent / "handoff"
-    found = shutil.which("handoff")
-    if found and Path(found).resolve() == script.resolve():
-        return "handoff"
     if not script.exists():
         return f"{sys.executable} -m handoff.cli"
     try:
         return str(script.relative_to(Path.cwd()))
     except ValueError:
-        return str(script)
+        pass
+    found = shutil.which("handoff")
+    return "handoff" if found and Path(found).resolve() == script.resolve() else str(script)
