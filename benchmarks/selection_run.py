@@ -64,7 +64,8 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
     output = log.read_text()
     cases = {}
     for testcase in ET.parse(junit).getroot().iter("testcase"):
-        key = testcase.get("name", "").split("[", 1)[-1].rstrip("]")
+        # `test_migration[<key>]`, with xdist's `@<group>` after it under loadgroup.
+        key = testcase.get("name", "").split("[", 1)[-1].split("]", 1)[0]
         failed = any(testcase.find(tag) is not None for tag in ("failure", "error"))
         phases = {
             p.get("name"): float(p.get("value"))
