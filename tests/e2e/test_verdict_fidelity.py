@@ -237,35 +237,43 @@ DETACH = textwrap.dedent(
 
 
 class DetachingMocker(MockerBackend):
-    """Each worker leases one more port and leaves a detached child listening on it."""
+    """Each worker leases one more port and leaves a detached child listening on it, which
+    writes its pid to a file named by that port (the workers share a folder)."""
 
     worker_ports = ("system", "stray")
 
     def worker(self, role, case, model, ports, folder):
         launch = super().worker(role, case, model, ports, folder)
-        pidfile = folder / "stray.pid"
+        pidfile = folder / f"stray-{ports['stray']}.pid"
         argv = [sys.executable, "-c", DETACH, str(ports["stray"]), str(pidfile), *launch.argv]
         return type(launch)(argv, launch.env)
 
 
+def strays_under(folder) -> dict[int, int]:
+    """The detached children the workers left, port -> pid, by the files they wrote."""
+    return {
+        int(path.stem.removeprefix("stray-")): int(path.read_text())
+        for path in folder.rglob("stray-*.pid")
+        if path.read_text()
+    }
+
+
 def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path):
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
-    strays = []
     try:
         result = runner.run_case(DetachingMocker(), case, tmp_path / "case", SETTINGS, 60)
-        strays = [int(p.read_text()) for p in (tmp_path / "case").rglob("stray.pid")]
-        assert strays, "the strays never started"
+        strays = strays_under(tmp_path / "case")
+        assert len(strays) == 2, strays  # one for each of the two aggregate workers
         assert not result.verdict.passed
         reasons = " | ".join(result.verdict.reasons)
-        for pid in strays:
-            port = next(c.laddr.port for c in psutil.Process(pid).net_connections())
+        for port, pid in strays.items():
             assert f"port {port} still bound" in reasons
             assert f"by pid {pid} (" in reasons
         # The next case still gets free ports: a leased port that is bound is never handed out.
         after = runner.run_case(MockerBackend(), case, tmp_path / "next", SETTINGS, 60)
         assert after.verdict.passed, after.verdict.reasons
     finally:
-        for pid in strays:  # the test's own processes, by the pid they wrote
+        for pid in strays_under(tmp_path / "case").values():  # the test's own, by their pid
             os.kill(pid, signal.SIGKILL)
 
 
