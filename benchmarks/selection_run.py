@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from handoff.pytest_plugin import case_key
+
 SAMPLE_S = 0.1
 
 
@@ -64,8 +66,7 @@ def run_selection(junit: Path, workers: int = 1, *extra: str) -> SelectionRun:
     output = log.read_text()
     cases = {}
     for testcase in ET.parse(junit).getroot().iter("testcase"):
-        # `test_migration[<key>]`, with xdist's `@<group>` after it under loadgroup.
-        key = testcase.get("name", "").split("[", 1)[-1].split("]", 1)[0]
+        key = case_key(testcase.get("name", ""))  # xdist's `@<group>` suffix dropped
         failed = any(testcase.find(tag) is not None for tag in ("failure", "error"))
         phases = {
             p.get("name"): float(p.get("value"))

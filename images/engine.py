@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from handoff.commands.container import check_docker_engine
+from handoff.errors import HandoffError
 from handoff.polling import Deadline, Timeout, poll_until
 
 #: No docker0 bridge (nor its 172.17.0.0/16 addresses) and no iptables rules: containers run
@@ -24,7 +26,6 @@ FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false")
 #: The binaries the container path needs and the Debian packages that hold them.
 PACKAGES = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
 READY_TIMEOUT_S = 60.0
-INFO_TIMEOUT_S = 10.0
 MACHINE_LOG = Path(".handoff/dockerd.log")
 
 
@@ -33,15 +34,13 @@ class EngineError(Exception):
 
 
 def answers(environ: dict[str, str] | None = None) -> bool:
-    """Whether a docker engine answers `docker info` (at DOCKER_HOST, else the default)."""
+    """Whether a docker engine answers `docker info` (at DOCKER_HOST of `environ`, else the
+    default), by handoff's own engine check."""
     try:
-        info = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-            timeout=INFO_TIMEOUT_S, env=environ, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+        check_docker_engine(environ=environ)
+    except HandoffError:
         return False
-    return info.returncode == 0
+    return True
 
 
 def install_missing() -> None:

@@ -236,7 +236,8 @@ def exercise(
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes
-    evidence += late_counts(metrics_url, model, counts_before, counts, expected, backend, history)
+    mode = backend.migration_counts
+    evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
     verdict = judge(
         expected,
         case.policy,
@@ -257,14 +258,14 @@ def late_counts(
     before: metrics.MigrationCounts,
     judged: metrics.MigrationCounts,
     expected: Outcome,
-    backend: Backend,
+    mode: str,
     history: History,
 ) -> list[str]:
     """The counters once more, the last thing before teardown: any that moved since the
     reading the verdict uses fail the case (verdict.late_count_problems)."""
     final = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
     history.record("metrics_reread", counts=final.as_dict())
-    return late_count_problems(expected, judged, final, backend.migration_counts)
+    return late_count_problems(expected, judged, final, mode)
 
 
 def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):

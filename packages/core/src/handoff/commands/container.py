@@ -114,6 +114,11 @@ class Run:
         """Host folders mounted at their own path: the repository, and the logs if apart."""
         return [str(self.repo)] + ([str(self.logs)] if self.logs else [])
 
+    @property
+    def mount_flags(self) -> list[str]:
+        """docker's `-v PATH:PATH` for each of `mounts`."""
+        return [arg for path in self.mounts for arg in ("-v", f"{path}:{path}")]
+
 
 # --- inputs ---------------------------------------------------------------------------------
 
@@ -229,8 +234,7 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
         "--pid", "host",       # NVML reports host pids: they must match the workers' pids
         "--ipc", "host",       # engines' shared memory (NCCL, tensor broadcast) beyond 64 MB
         # no --user: runtime images expect root (see the module docstring)
-        # same paths inside, so log paths printed there hold here
-        *(arg for path in run.mounts for arg in ("-v", f"{path}:{path}")),
+        *run.mount_flags,  # same paths inside, so log paths printed there hold here
         "-w", repo,
         "-v", f"{run.model_cache}:{CACHE_IN_CONTAINER}",
         "-e", f"HF_HOME={CACHE_IN_CONTAINER}",
@@ -254,13 +258,11 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
 def handback_command(run: Run, uid: int, gid: int) -> list[str]:
     """A short container that gives what root wrote in the mounts back to uid:gid."""
     repo = str(run.repo)
-    logs = [str(run.logs)] if run.logs else []
     return [
-        "docker", "run", "--rm", "--network", "none",
-        *(arg for path in run.mounts for arg in ("-v", f"{path}:{path}")),
+        "docker", "run", "--rm", "--network", "none", *run.mount_flags,
         "-v", f"{run.model_cache}:{CACHE_IN_CONTAINER}",
         "--entrypoint", "find", run.image,
-        f"{repo}/.handoff", f"{repo}/packages", *logs, CACHE_IN_CONTAINER,
+        f"{repo}/.handoff", f"{repo}/packages", *run.mounts[1:], CACHE_IN_CONTAINER,
         "-user", "0", "-exec", "chown", "-h", f"{uid}:{gid}", "{}", "+",
     ]  # fmt: skip
 
@@ -286,9 +288,12 @@ def check_docker_binary() -> str:
     return require_binary("docker", FIX_DOCKER)
 
 
-def check_docker_engine(timeout_s: float = DOCKER_INFO_TIMEOUT_S) -> Engine:
-    """Ask the engine for its version; no answer within `timeout_s` is itself the failure."""
-    target = os.environ.get("DOCKER_HOST", "the default docker socket")
+def check_docker_engine(
+    timeout_s: float = DOCKER_INFO_TIMEOUT_S, environ: Mapping[str, str] | None = None
+) -> Engine:
+    """Ask the engine (at DOCKER_HOST of `environ`, default this process's) for its version;
+    no answer within `timeout_s` is itself the failure."""
+    target = (environ or os.environ).get("DOCKER_HOST", "the default docker socket")
     try:
         result = subprocess.run(
             ["docker", "info", "--format", "{{.ServerVersion}} {{json .SecurityOptions}}"],
@@ -296,6 +301,7 @@ def check_docker_engine(timeout_s: float = DOCKER_INFO_TIMEOUT_S) -> Engine:
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
+            env=environ,
         )
     except subprocess.TimeoutExpired:
         raise HandoffError(

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from handoff.commands.container import pytest_command
 from handoff.errors import HandoffError
-from handoff.plugins import configured_backend, load
+from handoff.plugins import ONLY_ENV, configured_backend, load
 from handoff.runs.results import RUN_DIR_ENV
 
 IMAGE_ENV = "HANDOFF_IMAGE"
@@ -109,7 +109,7 @@ def required_missing(outcomes: list[Outcome], required: list[str]) -> list[str]:
             known = ", ".join(sorted(by_name)) or "none"
             lines.append(
                 f"required backend {name!r} did not run: it is not among the backends loaded "
-                f"here ({known}); install its package, check HANDOFF_PLUGINS, or drop "
+                f"here ({known}); install its package, check {ONLY_ENV}, or drop "
                 f"--require {name}"
             )
         elif not outcome.ran:
