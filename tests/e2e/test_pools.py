@@ -69,6 +69,17 @@ def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pool
     assert pools.close() == []
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
     assert all(bindable(port) for port in leased)
+    assert not pool.folder.exists()  # no case failed on it: its logs went with it
+
+
+def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):
+    pools = Pools(tmp_path / "pools", keep_logs=True)
+    passed = run_case(MockerBackend(), FIRST, tmp_path / "case", SETTINGS, 60, pools=pools)
+    assert passed.verdict.passed, passed.verdict.reasons
+    folder = pools.current[1].folder
+    assert pools.close() == []
+    logs = sorted(p.name for p in folder.glob("*.log"))
+    assert [n for n in logs if n.startswith("worker-")] and "frontend.log" not in logs
 
 
 def test_a_dead_workers_entries_would_fail_the_next_case_and_the_pool_removes_them(

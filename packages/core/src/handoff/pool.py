@@ -279,11 +279,13 @@ def _busy(leases: PortLeases) -> list[int]:
 class Pools:
     """The pool of one pytest process: one at a time, since a pool's cases run one after
     another (handoff.sharing.scheduling) and an idle worker is not free everywhere (a disaggregated
-    vLLM worker on a CPU spins). Nothing outlives `close()`."""
+    vLLM worker on a CPU spins). Nothing outlives `close()`; a pool's logs stay only where a
+    case failed on it, or everywhere with `keep_logs`."""
 
-    def __init__(self, folder: Path, tag: str = "") -> None:
+    def __init__(self, folder: Path, tag: str = "", keep_logs: bool = False) -> None:
         self.folder = folder
         self.tag = tag
+        self.keep_logs = keep_logs
         self.current: tuple[PoolKey, Pool] | None = None
         #: Problems found stopping pools that no case failed in; `close()` reports them.
         self.problems: list[str] = []
@@ -309,14 +311,15 @@ class Pools:
         return [proc for process in self.current[1].processes for proc in process.tree()]
 
     def discard(self, pool: Pool, keep_in: Path | None = None) -> list[str]:
-        """Stop `pool` for good; its logs move into `keep_in` (a failed case's folder), or go."""
+        """Stop `pool` for good; its logs move into `keep_in` (a failed case's folder), or stay
+        where they are with `keep_logs`, or go."""
         if self.current is not None and self.current[1] is pool:
             self.current = None
         problems = pool.stop()
         if keep_in is not None and pool.folder.exists():
             keep_in.mkdir(parents=True, exist_ok=True)
             shutil.move(pool.folder, keep_in / f"pool-{pool.name}")
-        else:
+        elif not self.keep_logs:
             shutil.rmtree(pool.folder, ignore_errors=True)
         return problems
 

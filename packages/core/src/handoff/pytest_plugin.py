@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="folder for run logs; a failed case's logs are kept there",
     )
     group.addoption(
-        "--handoff-keep-logs", action="store_true", help="keep logs of passed cases too"
+        "--handoff-keep-logs", action="store_true", help="keep logs of passed cases and of their pools too"
     )
     group.addoption(
         "--handoff-graceful-bound",
@@ -297,7 +297,8 @@ def handoff_pools(request: pytest.FixtureRequest, handoff_backend: Backend, hand
         yield None
         return
     worker = getattr(request.config, "workerinput", {}).get("workerid", "main")
-    pools = Pools(handoff_run_dir / "pools", f"{worker}-")
+    keep_logs = request.config.getoption("handoff_keep_logs")
+    pools = Pools(handoff_run_dir / "pools", f"{worker}-", keep_logs)
     try:
         yield pools
     finally:
