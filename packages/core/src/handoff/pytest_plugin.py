@@ -60,7 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="folder for run logs; a failed case's logs are kept there",
     )
     group.addoption(
-        "--handoff-keep-logs", action="store_true", help="keep logs of passed cases and of their pools too"
+        "--handoff-keep-logs",
+        action="store_true",
+        help="keep logs of passed cases and of their pools too",
     )
     group.addoption(
         "--handoff-graceful-bound",
