@@ -5,6 +5,7 @@ removed (and a case would fail on them), and a failed case takes its pool down w
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import psutil
 import pytest
@@ -13,7 +14,7 @@ from handoff import pool as pool_module
 from handoff.cases import Case
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES
-from handoff.pool import Pools
+from handoff.pool import PoolKey, Pools
 from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
 from handoff.runs.results import RunResults
@@ -55,6 +56,8 @@ def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pool
     listed = [e.data for e in first.history.events if e.name == "frontend_listed"]
     assert listed[-1]["backend/generate"] == 2  # and never listed by its frontend
     faulted = next(e.data["worker"] for e in first.history.events if e.name == "fault_sent")
+    at = {e.name: e.at for e in first.history.events}  # the successor started at the fault
+    assert at["worker_gone"] <= at["successor_started"] < at["teardown_done"]
     assert any(entry.startswith("v1/instances/") for entry in removed(first))
 
     second = run_case(backend, SECOND, tmp_path / "second", SETTINGS, 60, pools=pools)
@@ -70,6 +73,28 @@ def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pool
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
     assert all(bindable(port) for port in leased)
     assert not pool.folder.exists()  # no case failed on it: its logs went with it
+
+
+def test_a_pool_starts_no_worker_for_a_case_that_will_not_come(tmp_path):
+    """Planned for two cases, a pool starts its two workers and one spare, and no successor
+    for the second case's fault; a third case, unplanned, gets a new pool."""
+    backend = MockerBackend()
+    key = PoolKey.of(backend, FIRST, backend.roles(FIRST.topology))
+    pools = Pools(tmp_path / "pools", planned=Counter({key: 2}))
+    cases = [run_case(backend, c, tmp_path / str(i), SETTINGS, 60, pools=pools)
+             for i, c in enumerate([FIRST, SECOND])]  # fmt: skip
+    assert all(r.verdict.passed for r in cases), [r.verdict.reasons for r in cases]
+    pool = pools.current[1]
+    assert pool.spent
+    assert [p.name for p in pool.processes if p.name.startswith("worker-")] == [
+        "worker-0-aggregate", "worker-1-aggregate", "worker-2-aggregate",
+    ]  # fmt: skip
+    assert not [e for r in cases for e in r.history.events if e.name == "successor_started"]
+
+    third = run_case(backend, FIRST, tmp_path / "third", SETTINGS, 60, pools=pools)
+    assert third.verdict.passed, third.verdict.reasons
+    assert ready(third)["pool"] != ready(cases[1])["pool"] and ready(third)["cases_before"] == 0
+    assert pools.close() == []
 
 
 def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):

@@ -24,7 +24,7 @@ from test_gpu_backends import (
 )
 
 from handoff import cli, plugins, word_tokenizer
-from handoff.cases import selection
+from handoff.cases import Case, selection
 from handoff.errors import HandoffError
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
@@ -223,7 +223,11 @@ def test_configure_keeps_a_team_default_over_the_device_default():
     assert backend.setting("model") == tiny_model.NAME
 
 
-def test_the_cpu_device_keeps_no_spare_workers_unless_a_team_asks():
-    assert on_cpu().setting("spare_workers") == 0
+def test_the_cpu_device_keeps_one_aggregate_spare_and_never_a_disaggregated_one():
+    aggregate = Case.from_id("migration_enabled-worker_failure-chat-stream-nats")
+    decode = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "decode")
+    assert on_cpu().spare_workers(aggregate) == 1
     assert on_cpu().configuration.values["spare_workers"].source == "vllm backend default on cpu"
-    assert on_cpu(spare_workers=1).setting("spare_workers") == 1
+    assert on_cpu(spare_workers=3).spare_workers(aggregate) == 3
+    assert on_cpu().spare_workers(decode) == on_cpu(spare_workers=2).spare_workers(decode) == 0
+    assert VllmBackend().spare_workers(decode) == 1  # on a GPU: the built-in default

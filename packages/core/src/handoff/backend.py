@@ -182,6 +182,11 @@ class Backend(ABC):
         Each `variant` (0, 1, ...: the cases a pool served before) gives a prompt of the same
         length that starts with another token, so no case finds another's prefix cached."""
 
+    def spare_workers(self, case: Case) -> int:
+        """The spares a pool of `case`'s key keeps of the role its cases fault: the
+        `spare_workers` setting, unless the engine cannot afford idle workers there."""
+        return int(self.setting("spare_workers"))
+
     def worker_variant(self, case: Case) -> tuple:
         """What of `case`, beyond its roles and request plane, changes how its workers are
         launched: cases that differ here never share pooled workers. Nothing by default."""

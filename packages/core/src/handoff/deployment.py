@@ -184,6 +184,12 @@ class Deployment:
                 f"log {self.frontend.log_path}:\n{self.frontend.log_tail()}"
             )
 
+    def replace(self, worker: Worker) -> str | None:
+        """The name of the successor a shared pool starts for `worker`, now that it is gone
+        (a fresh deployment is stopped with its case and starts none)."""
+        successor = None if self.fresh else self.pool.replace(worker)
+        return successor.name if successor else None
+
     def stop(self) -> list[str]:
         """Stop the frontend, and the pool when it is this case's own; give the drawn workers
         back to a shared pool. Returns the problems found (survivors, ports still bound)."""

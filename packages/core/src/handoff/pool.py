@@ -14,9 +14,12 @@ Spares: a spare worker of the role cases fault starts with a discovery folder of
 no frontend sees it while it waits (and the running case's frontend lists exactly its own
 workers). Handing it over hard-links its entries into the pool's folder: Dynamo's keep-alive
 touches those same files in place, so they stay fresh in both (measured on Dynamo 1.6.1,
-docs/known-issues.md). Each spare handed over is replaced by a new one, started at once, in
-the background of the next case. With no spare, the replacement starts in the faulted
-worker's place, and the next case waits for it.
+docs/known-issues.md). The successor of the worker a case faulted starts as a spare the
+moment that worker is gone, in the background of the rest of the case; when the case ends the
+oldest spare takes its place. With no spare, the next case waits for that successor. Where
+the run says how many cases a pool will serve (`Pools(planned=...)`), no spare or successor is
+started for a case that will not come: a pool of four aggregate cases with one spare starts
+five workers in all, not seven.
 
 A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case and stopped.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -81,6 +85,7 @@ class Pool:
         roles: tuple[str, ...],
         folder: Path,
         spares: int = 0,
+        cases: int | None = None,
     ):
         self.backend = backend
         #: The case whose launch every worker of the pool gets: its key's first.
@@ -99,8 +104,13 @@ class Pool:
         #: Cases drawn so far: the next case's prompt variant.
         self.draws = 0
         self.spare_count = spares
+        #: How many cases the pool will serve, where the run knows: no worker is started
+        #: for a case that will not come.
+        self.cases = cases
         #: Workers started in a discovery folder of their own, not yet handed to a case.
         self.spares: list[Worker] = []
+        #: The drawn workers, gone, whose successors have started.
+        self.replaced: set[str] = set()
         #: Worker name -> the folder it registers in, for spares and the spares handed over.
         self.own_store: dict[str, Path] = {}
         self._serial = count()
@@ -137,7 +147,20 @@ class Pool:
         self.workers = [self._start_worker(role) for role in self.roles]
         target = topology(self.case.topology).target_role
         if target in self.roles:
-            self.spares = [self._start_worker(target, spare=True) for _ in range(self.spare_count)]
+            wanted = self._spares_wanted(after=1)
+            self.spares = [self._start_worker(target, spare=True) for _ in range(wanted)]
+
+    def _spares_wanted(self, after: int) -> int:
+        """The spares to keep once `after` more cases have drawn: `spare_count`, but none for
+        a case the run will not bring."""
+        if self.cases is None:
+            return self.spare_count
+        return min(self.spare_count, max(self.cases - self.draws - after, 0))
+
+    @property
+    def spent(self) -> bool:
+        """Whether the pool has served every case the run planned for it."""
+        return self.cases is not None and self.draws >= self.cases
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, nice: int = 0):
         process = ManagedProcess(
@@ -209,23 +232,37 @@ class Pool:
                     f"(or run with --handoff-fresh)"
                 )
 
+    def replace(self, worker: Worker) -> Worker | None:
+        """Start the successor of a drawn worker that is gone, at once, in the background of
+        the rest of its case: as a spare, in a discovery folder of its own, so the case's
+        frontend never lists it. None when the worker still runs or has its successor."""
+        if worker.process.exit_code() is None or worker.name in self.replaced:
+            return None
+        self.replaced.add(worker.name)
+        waiting = [s for s in self.spares if s.role == worker.role]
+        # One to take its place in the next case (if one comes), and the spares after that.
+        wanted = 0 if self.spent else 1 + self._spares_wanted(after=1)
+        if len(waiting) >= wanted:
+            return None
+        successor = self._start_worker(worker.role, spare=True)
+        self.spares.append(successor)
+        return successor
+
     def give_back(self, drawn: list[Worker]) -> list[str]:
         """Take back a case's workers: each one that is gone has its discovery entries
-        removed, and a spare of its role takes its place (a new spare starts), or else a
-        replacement starts in its place. Returns the entries removed."""
+        removed and its successor started (unless `replace` did), and the oldest spare of its
+        role takes its place. Returns the entries removed."""
         removed = []
         for worker in drawn:
             if worker.process.exit_code() is None:
                 continue
             removed += registrations.remove(self.store, self.instance_ids.pop(worker.name, set()))
+            self.replace(worker)
             spare = next((s for s in self.spares if s.role == worker.role), None)
-            if spare is None:
-                successor = self._start_worker(worker.role)
-            else:
-                self.spares.remove(spare)
-                self.spares.append(self._start_worker(worker.role, spare=True))
-                successor = spare
-            self.workers[self.workers.index(worker)] = successor
+            if spare is None:  # spent: no case will draw its workers again
+                continue
+            self.spares.remove(spare)
+            self.workers[self.workers.index(worker)] = spare
         return removed
 
     def raise_if_exited(self) -> None:
@@ -282,10 +319,18 @@ class Pools:
     vLLM worker on a CPU spins). Nothing outlives `close()`; a pool's logs stay only where a
     case failed on it, or everywhere with `keep_logs`."""
 
-    def __init__(self, folder: Path, tag: str = "", keep_logs: bool = False) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        tag: str = "",
+        keep_logs: bool = False,
+        planned: Counter[PoolKey] | None = None,
+    ) -> None:
         self.folder = folder
         self.tag = tag
         self.keep_logs = keep_logs
+        #: The cases of each key this process will run, where known; `pool_for` counts them off.
+        self.planned = planned
         self.current: tuple[PoolKey, Pool] | None = None
         #: Problems found stopping pools that no case failed in; `close()` reports them.
         self.problems: list[str] = []
@@ -296,12 +341,17 @@ class Pools:
         key = PoolKey.of(backend, case, roles)
         if self.current is not None:
             last_key, last = self.current
-            if last_key != key or last.draws >= backend.distinct_prompts:
+            if last_key != key or last.draws >= backend.distinct_prompts or last.spent:
                 self.problems += [f"pool {last.name}: {p}" for p in self.discard(last)]
         if self.current is None:
             name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
-            spares = int(backend.setting("spare_workers"))
-            self.current = (key, Pool(backend, case, roles, self.folder / name, spares))
+            spares = backend.spare_workers(case)
+            planned = self.planned[key] if self.planned is not None else 0
+            cases = min(planned, backend.distinct_prompts) if planned > 0 else None
+            pool = Pool(backend, case, roles, self.folder / name, spares, cases)
+            self.current = (key, pool)
+        if self.planned is not None:
+            self.planned[key] -= 1
         return self.current[1]
 
     def live_processes(self) -> list[psutil.Process]:

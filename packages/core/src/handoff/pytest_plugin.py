@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,18 @@ def handoff_run_dir() -> Path:
     return Path(os.environ[RUN_DIR_ENV])
 
 
+def planned_cases(backend: Backend, items: list[pytest.Item]) -> Counter[PoolKey]:
+    """How many cases of each pool key this process will run. Every xdist worker collects
+    every item, and loadgroup sends all of a key's cases to one of them: the one that
+    starts that key's pool."""
+    cases = [item.callspec.params["handoff_case"] for item in items if is_case(item)]
+    return Counter(PoolKey.of(backend, case, backend.roles(case.topology)) for case in cases)
+
+
+def is_case(item: pytest.Item) -> bool:
+    return "handoff_case" in getattr(getattr(item, "callspec", None), "params", {})
+
+
 @pytest.fixture(scope="module")
 def handoff_pools(request: pytest.FixtureRequest, handoff_backend: Backend, handoff_run_dir: Path):
     """This pytest process's warm worker pools, or None for fresh deployments; every pool is
@@ -300,7 +313,9 @@ def handoff_pools(request: pytest.FixtureRequest, handoff_backend: Backend, hand
         return
     worker = getattr(request.config, "workerinput", {}).get("workerid", "main")
     keep_logs = request.config.getoption("handoff_keep_logs")
-    pools = Pools(handoff_run_dir / "pools", f"{worker}-", keep_logs)
+    mine = [item for item in request.session.items if item.module is request.module]
+    planned = planned_cases(handoff_backend, mine)
+    pools = Pools(handoff_run_dir / "pools", f"{worker}-", keep_logs, planned)
     try:
         yield pools
     finally:

@@ -216,6 +216,8 @@ def exercise(
     )
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
     history.record("worker_gone", signals=list(fault.signals))
+    if successor := deployment.replace(holder):
+        history.record("successor_started", worker=successor)
     await_response(inflight, metrics_url, model, counts_before, deadline, history)
     record_response(inflight, history)
     expected = expected_outcome(where.fault_window, case.policy)

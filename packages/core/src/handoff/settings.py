@@ -42,7 +42,7 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "spare_workers": (
         int,
         "workers of the faulted role each pool keeps ready, unseen by frontends, so that the "
-        "next case need not wait for a replacement",
+        "next case need not wait for a replacement (none beyond the cases the run brings)",
     ),
     "durations_file": (
         str,

@@ -132,6 +132,12 @@ class VllmBackend(DynamoGpuBackend):
     def distinct_prompts(self) -> int:  # type: ignore[override]
         return word_tokenizer.DISTINCT_PROMPTS if self.builds_model else len(SENTENCE)
 
+    def spare_workers(self, case) -> int:
+        """On the CPU, a disaggregated pool keeps none, whatever the setting (cpu.py says why)."""
+        if self.on_cpu and case.topology != "aggregate":
+            return 0
+        return super().spare_workers(case)
+
     def check_environment(self) -> None:
         if not self.on_cpu:
             require_engine(

@@ -71,11 +71,16 @@ KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: machine (39.0, 114.4 and 109.6 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
 TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0}
-#: No spare workers: an idle disaggregated worker's NIXL thread keeps a core busy, and with a
-#: spare decode worker beside a prefill and two decode workers on 2 cores a decode worker's
-#: NIXL handshake with the prefill worker timed out (`handshake_setup_failed`, zmq `Again`
-#: after 20 s: the baseline failed with HTTP 500; benchmarks/RESULTS.md).
-SPARE_WORKERS = 0
+#: Aggregate pools: one spare. A start is about 15 s, mostly of one core, so a spare overlaps
+#: the case before the one that needs it; more spares start at once and slow each other: the
+#: 8 aggregate cases took 91.9 s pooled with one spare, 103.7 s with three (five workers
+#: starting at once were ready after 39 s, three after 22 s) and 134.2 s fresh, in one run
+#: (benchmarks/RESULTS.md). Disaggregated pools keep none (`VllmBackend.spare_workers`): an
+#: idle disaggregated worker's NIXL thread keeps a core busy, and with a spare decode worker
+#: beside a prefill and two decode workers on 2 cores a decode worker's NIXL handshake with
+#: the prefill worker timed out (`handshake_setup_failed`, zmq `Again` after 20 s: the
+#: baseline failed with HTTP 500; benchmarks/RESULTS.md).
+SPARE_WORKERS = 1
 #: 3x the slowest start-up measured there: three workers importing torch and vLLM at once
 #: (83.8 s).
 STARTUP_TIMEOUT_S = 250.0
