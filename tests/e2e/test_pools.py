@@ -18,6 +18,7 @@ from handoff.pool import PoolKey, Pools
 from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
 from handoff.runs.results import RunResults
+from handoff.settings import Configuration, Setting
 from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)
@@ -95,6 +96,24 @@ def test_a_pool_starts_no_worker_for_a_case_that_will_not_come(tmp_path):
     assert third.verdict.passed, third.verdict.reasons
     assert ready(third)["pool"] != ready(cases[1])["pool"] and ready(third)["cases_before"] == 0
     assert pools.close() == []
+
+
+def test_a_pool_without_spares_starts_the_successor_after_the_case(pools, tmp_path):
+    """Nothing but the case's own processes runs beside a case in a pool that keeps no spare."""
+    backend = MockerBackend()
+    backend.configure(Configuration("mocker", {"spare_workers": Setting(0, "test")}))
+    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    assert first.verdict.passed, first.verdict.reasons
+    assert not [e for e in first.history.events if e.name == "successor_started"]
+    pool = pools.current[1]
+    (successor,) = [w for w in pool.workers if w.name not in ready(first)["workers"]]
+    counted = first.history.started + next(
+        e.at for e in first.history.events if e.name == "metrics_read"
+    )
+    assert successor.process.started_at > counted  # after the case's response and counters
+    second = run_case(backend, SECOND, tmp_path / "second", SETTINGS, 60, pools=pools)
+    assert second.verdict.passed, second.verdict.reasons
+    assert successor.name in ready(second)["workers"]
 
 
 def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):

@@ -14,9 +14,10 @@ Spares: a spare worker of the role cases fault starts with a discovery folder of
 no frontend sees it while it waits (and the running case's frontend lists exactly its own
 workers). Handing it over hard-links its entries into the pool's folder: Dynamo's keep-alive
 touches those same files in place, so they stay fresh in both (measured on Dynamo 1.6.1,
-docs/known-issues.md). The successor of the worker a case faulted starts as a spare the
-moment that worker is gone, in the background of the rest of the case; when the case ends the
-oldest spare takes its place. With no spare, the next case waits for that successor. Where
+docs/known-issues.md). In a pool that keeps spares, the successor of the worker a case
+faulted starts as a spare the moment that worker is gone, in the background of the rest of the
+case; when the case ends the oldest spare takes its place. With no spare, the successor starts
+when the case has ended, and the next case waits for it. Where
 the run says how many cases a pool will serve (`Pools(planned=...)`), no spare or successor is
 started for a case that will not come: a pool of four aggregate cases with one spare starts
 five workers in all, not seven.
