@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from handoff.machine.ports import bindable
+from handoff.machine.ports import bindable, listener
 from handoff.polling import Deadline, poll_until
 
 
@@ -78,7 +78,14 @@ class IsolatedRuns:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds the lease
             finally:
                 os.close(fd)
-            assert bindable(int(lock.stem)), f"port {lock.stem} still bound"
+
+        def bound() -> tuple[bool | None, dict[int, str]]:
+            """A SIGKILLed multi-threaded process frees its sockets as its threads exit, a
+            moment after the reaper's kill: poll, and name whoever still listens."""
+            busy = [int(lock.stem) for lock in leases if not bindable(int(lock.stem))]
+            return (None if busy else True), {port: listener(port) for port in busy}
+
+        poll_until(bound, Deadline(15), "the run's leased ports to be bindable again")
 
     def kill_and_reap(self, run: subprocess.Popen[str], started: dict[int, float]) -> list[str]:
         """SIGKILL the run (no teardown at all), check its processes outlive it, let the next

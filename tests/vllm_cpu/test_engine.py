@@ -134,14 +134,17 @@ def runs(tmp_path) -> IsolatedRuns:
 
 
 def engine_processes(runs: IsolatedRuns) -> dict[int, float]:
-    """Every process in the groups of the recorded ones, each worker's engine included."""
+    """Every process in the groups of the recorded ones, once each recorded worker (a pool's
+    spare too) has started its engine."""
 
     def probe():
         found = members(runs)
+        workers = [e for e in runs.entries() if e["name"].startswith("worker-")]
         engines = [p for p in found if "EngineCore" in command_line(p)]
-        return (found if len(engines) >= 2 else None), f"{len(engines)} engine processes"
+        seen = f"{len(engines)} engine processes for {len(workers)} workers"
+        return (found if workers and len(engines) >= len(workers) else None), seen
 
-    found = poll_until(probe, Deadline(300), "both workers' engine processes")
+    found = poll_until(probe, Deadline(300), "every worker's engine process")
     return {p.pid: p.create_time() for p in found}
 
 
