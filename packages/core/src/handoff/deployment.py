@@ -185,13 +185,9 @@ class Deployment:
             )
 
     def replace(self, worker: Worker) -> str | None:
-        """The name of the successor a shared pool starts for `worker`, now that it is gone.
-        None for a fresh deployment (stopped with its case), and for a pool that keeps no
-        spare: its successor starts when the case has ended, so that nothing but the case's
-        own processes runs beside the case (idle disaggregated vLLM CPU workers spin)."""
-        if self.fresh or not self.pool.spare_count:
-            return None
-        successor = self.pool.replace(worker)
+        """The name of the successor a shared pool starts for `worker` now that it is gone
+        (`Pool.replace_beside_case`); None for a fresh deployment, stopped with its case."""
+        successor = None if self.fresh else self.pool.replace_beside_case(worker)
         return successor.name if successor else None
 
     def stop(self) -> list[str]:

@@ -148,15 +148,15 @@ class Pool:
         self.workers = [self._start_worker(role) for role in self.roles]
         target = topology(self.case.topology).target_role
         if target in self.roles:
-            wanted = self._spares_wanted(after=1)
+            wanted = self._spares_after_next_draw()
             self.spares = [self._start_worker(target, spare=True) for _ in range(wanted)]
 
-    def _spares_wanted(self, after: int) -> int:
-        """The spares to keep once `after` more cases have drawn: `spare_count`, but none for
-        a case the run will not bring."""
+    def _spares_after_next_draw(self) -> int:
+        """The spares to keep once the next case has drawn: `spare_count`, but none for a case
+        the run will not bring."""
         if self.cases is None:
             return self.spare_count
-        return min(self.spare_count, max(self.cases - self.draws - after, 0))
+        return min(self.spare_count, max(self.cases - self.draws - 1, 0))
 
     @property
     def spent(self) -> bool:
@@ -242,12 +242,18 @@ class Pool:
         self.replaced.add(worker.name)
         waiting = [s for s in self.spares if s.role == worker.role]
         # One to take its place in the next case (if one comes), and the spares after that.
-        wanted = 0 if self.spent else 1 + self._spares_wanted(after=1)
+        wanted = 0 if self.spent else 1 + self._spares_after_next_draw()
         if len(waiting) >= wanted:
             return None
         successor = self._start_worker(worker.role, spare=True)
         self.spares.append(successor)
         return successor
+
+    def replace_beside_case(self, worker: Worker) -> Worker | None:
+        """`replace` while the worker's case still runs; a pool that keeps no spare leaves it
+        to `give_back`, so that nothing but the case's own processes runs beside the case
+        (idle disaggregated vLLM CPU workers spin)."""
+        return self.replace(worker) if self.spare_count else None
 
     def give_back(self, drawn: list[Worker]) -> list[str]:
         """Take back a case's workers: each one that is gone has its discovery entries
