@@ -19,7 +19,7 @@ BOS_ID, EOS_ID = 1, 2
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
-def write_tokenizer(folder: Path) -> None:
+def write_tokenizer(folder: Path, chat_template: str = CHAT_TEMPLATE) -> None:
     """Write tokenizer.json and tokenizer_config.json into `folder`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -37,7 +37,7 @@ def write_tokenizer(folder: Path) -> None:
             "eos_token": f"t{EOS_ID}",
             "unk_token": UNKNOWN,
             "model_max_length": 1_000_000,
-            "chat_template": CHAT_TEMPLATE,
+            "chat_template": chat_template,
         },
     )
 

@@ -1,22 +1,28 @@
 """The vLLM backend's built-in model: handoff's word-level tokenizer and a float32 Llama whose
-weights come from a fixed seed. It needs no download, and at temperature 0 it answers the same
-request with the same tokens every time, before and after a migration.
+weights compute handoff_vllm.rule exactly. It needs no download, and the verdict can compare
+every response with the rule's continuation, computed by handoff outside the deployment.
 
-Purely random weights are not enough for that: their logits are nearly flat, so the argmax
-sits on near-ties, and a migrated request, whose prefix the new worker computes in one prefill
-instead of token by token, flipped one (the migrated text departed from the baseline at token
-85 of 512, and at token 2,621 of 3,000, each time inside a repeated-token loop). So the weights
-are random where they do not decide the next token (embeddings, attention and MLP inputs) and
-built where they do: attention and MLP write nothing back to the residual stream (their output
-projections are zero), and the output head maps each token to its successor in a random
-permutation of the vocabulary, drawn from the seed, with a margin of about sqrt(hidden) over
-every other token. The output then walks the permutation, every token different from the last,
-so a token lost or repeated at the migration shows at once, and another seed gives another walk.
+How the weights compute the rule (4 layers of 8 heads of 64; only layer 0 writes to the
+residual stream, the others only cost a real model's time per token):
+- each embedding is a constant 1 (the bias), a flag set on the anchor word only, and the
+  token's code, a random +1/-1 vector;
+- head 0 of layer 0 attends from every position to the anchor alone: its query is the bias
+  and its key the flag, on the fastest rotary pair, whose frequency the linear RoPE scaling
+  sets to pi a position, so their product is cos(pi x distance), +1 at an even distance and -1
+  at an odd one, scaled to a score of about 33. At an even distance the anchor takes all the
+  attention, at an odd one (or with no anchor) none, and the head writes that 1 or 0 into a
+  parity dimension: a decision with a margin of e^33, which no rounding can move;
+- layer 0's gated MLP (SwiGLU) is that decision as a switch: its gate is the parity minus a
+  half, times 60, so silu passes it whole or not at all, and what it lets through turns the
+  code c into M c (M a random rotation);
+- the output head scores token j by its code's agreement with c(x) for every x whose
+  `after_odd` is j, and with M c(x) for every x whose `after_even` is j: the right token
+  scores the code's full length, the others only chance overlaps, which gives every step a
+  top-1 margin of several logits (benchmarks/RESULTS.md has the smallest measured).
 
-vLLM's CPU attention needs head_dim 64 or more (it refused 16). The size sets the pace: with
-hidden 128 in 2 layers a token took 3.5 ms, so a request was over before the harness, sharing
-two cores with three workers, had seen it in flight; 21 M parameters (84 MB) make a token take
-about 10 ms, as a small real model's would.
+vLLM's CPU attention needs head_dim 64 or more; the size sets the pace (about 10 ms a token on
+two cores, as a small real model's). vLLM's linear RoPE cache covers max_position_embeddings
+times the factor, so max_position_embeddings is the context divided by that factor.
 
 Made once per recipe and seed into a cache folder, by a child process (torch stays out of the
 harness), under a file lock so that parallel cases wait for one maker.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -37,8 +44,13 @@ from pathlib import Path
 
 from handoff.errors import HandoffError
 from handoff.word_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
+from handoff_vllm import rule
 
 NAME = "handoff-tiny-llama"
+CONTEXT_TOKENS = 4096
+#: The fastest rotary pair turns by pi a position (vLLM and transformers divide positions by
+#: the factor).
+ROPE_FACTOR = 1 / math.pi
 CONFIG = {
     "hidden_size": 512,
     "intermediate_size": 2048,
@@ -46,13 +58,19 @@ CONFIG = {
     "num_attention_heads": 8,
     "num_key_value_heads": 8,
     "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": math.ceil(CONTEXT_TOKENS / ROPE_FACTOR),
+    "rope_parameters": {"rope_type": "linear", "factor": ROPE_FACTOR, "rope_theta": 10000.0},
     "bos_token_id": BOS_ID,
     "eos_token_id": EOS_ID,
     "torch_dtype": "float32",
 }
-#: How the output head is built (part of the recipe's digest).
-HEAD = "successor in a seeded permutation"
+#: How the weights are built (part of the recipe's digest).
+HEAD = "handoff_vllm.rule: anchor parity, v1"
+#: The residual stream's dimensions: bias, anchor flag, parity, then the token's code.
+BIAS, FLAG, PARITY, CODE = 0, 1, 2, slice(16, 512)
+#: Query and key sizes of the parity head (a score of about 33), the gate's steepness, and
+#: the output head's scale (the right token's logit).
+QUERY_KEY, GATE, LOGIT = 16.0, 60.0, 40.0
 CACHE_ENV = "HANDOFF_CACHE"
 MAKE_TIMEOUT_S = 300.0
 
@@ -103,22 +121,52 @@ def make_in_child(folder: Path, seed: int) -> None:
 
 
 def write(folder: Path, seed: int) -> None:
-    """Float32 weights from `seed` (see above), saved as safetensors, with the tokenizer."""
+    """Float32 weights that compute handoff_vllm.rule with `seed` (see above), saved as
+    safetensors, with the tokenizer and the rule's chat template."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32)
+    even, odd = (torch.tensor(m) for m in rule.successors(seed))
+    width = CODE.stop - CODE.start
+    code = torch.randint(0, 2, (VOCAB_SIZE, width)).float() * 2 - 1
+    rotation, _ = torch.linalg.qr(torch.randn(width, width))
     with torch.no_grad():
-        for layer in model.model.layers:  # the residual stream carries the token's embedding
+        for layer in model.model.layers:  # only layer 0 writes to the residual stream
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-        embeddings = model.model.embed_tokens.weight
-        successor = torch.randperm(CONFIG["vocab_size"])
-        unit = embeddings / embeddings.norm(dim=1, keepdim=True)
-        model.lm_head.weight[successor] = unit * CONFIG["hidden_size"] ** 0.5
+        embed = model.model.embed_tokens.weight
+        embed.zero_()
+        embed[:, BIAS] = 1.0
+        embed[rule.ANCHOR, FLAG] = 1.0
+        embed[:, CODE] = code
+        attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        head = slice(0, CONFIG["hidden_size"] // CONFIG["num_attention_heads"])
+        for proj, source in ((attention.q_proj, BIAS), (attention.k_proj, FLAG)):
+            proj.weight[head] = 0.0
+            proj.weight[0, source] = QUERY_KEY  # rotary pair (0, 32): the fastest
+        attention.v_proj.weight[head] = 0.0
+        attention.v_proj.weight[0, FLAG] = 1.0
+        attention.o_proj.weight[PARITY, 0] = 1.0
+        gates = slice(0, width)
+        mlp.gate_proj.weight[gates] = 0.0
+        mlp.gate_proj.weight[gates, PARITY] = GATE
+        mlp.gate_proj.weight[gates, BIAS] = -GATE / 2
+        mlp.up_proj.weight[gates] = 0.0
+        mlp.up_proj.weight[gates, CODE] = rotation - torch.eye(width)
+        hidden = CONFIG["hidden_size"]
+        parity = math.sqrt(hidden / (2 + width))  # the anchor's value through its norm
+        norm = math.sqrt((1 + parity**2 + width) / hidden)  # a token's RMS at the MLP
+        open_gate = GATE * (parity - 0.5) / norm**2  # silu's pass-through and up's 1/RMS
+        mlp.down_proj.weight[CODE, gates] = torch.eye(width) / open_gate
+        output = torch.zeros(VOCAB_SIZE, width)
+        output.index_add_(0, odd, code)
+        output.index_add_(0, even, code @ rotation.T)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, CODE] = output * (LOGIT / width)
     model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder)
+    write_tokenizer(folder, rule.CHAT_TEMPLATE)
 
 
 if __name__ == "__main__":
