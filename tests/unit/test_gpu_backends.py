@@ -25,7 +25,7 @@ from handoff.policies import POLICIES
 from handoff.settings import Configuration, Setting
 from handoff_sglang import SglangBackend
 from handoff_trtllm import TrtllmBackend, engine_config
-from handoff_vllm import KV_TRANSFER_CONFIG, VllmBackend
+from handoff_vllm import KV_TRANSFER_CONFIG, VllmBackend, tiny_model
 
 GOLDEN = Path(__file__).parent / "golden"
 BACKENDS = {b.name: b for b in (VllmBackend, SglangBackend, TrtllmBackend)}
@@ -105,7 +105,7 @@ NATIVE = {
     "vllm": {
         "all": {"--model", "--served-model-name", "--enforce-eager", "--max-model-len",
                 "--max-num-seqs", "--block-size", "--num-gpu-blocks-override",
-                "--gpu-memory-utilization", "--master-port"},
+                "--gpu-memory-utilization", "--master-port", "--no-enable-prefix-caching"},
         "aggregate": {"--kv-events-config"},
         "prefill": {"--kv-transfer-config", "--kv-events-config"},
         "decode": {"--kv-transfer-config"},
@@ -113,7 +113,7 @@ NATIVE = {
     "sglang": {
         "all": {"--model-path", "--served-model-name", "--page-size", "--tp", "--nccl-port",
                 "--disable-cuda-graph", "--max-running-requests", "--max-total-tokens",
-                "--context-length"},
+                "--context-length", "--disable-radix-cache"},
         "aggregate": {"--skip-tokenizer-init"},
         "prefill": {"--disaggregation-mode", "--disaggregation-bootstrap-port", "--host",
                     "--disaggregation-transfer-backend", "--enable-metrics", "--port"},
@@ -187,6 +187,31 @@ def test_vllm_disaggregated_workers_name_the_nixl_connector(tmp_path):
             config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
             assert config == KV_TRANSFER_CONFIG
             assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == "kv_both"
+
+
+#: How each engine is told not to serve a prompt from KV it kept from an earlier request.
+NO_PREFIX_CACHE = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache"}
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [("vllm", {"device": "cuda"}), ("vllm", {"device": "cpu"}), ("sglang", {}), ("trtllm", {})],
+)
+def test_no_worker_serves_a_prompt_from_its_prefix_cache(name, settings, monkeypatch, tmp_path):
+    """Every worker of every topology on every device computes each request whole: an earlier
+    request (an undisturbed baseline, a pool's earlier case) leaves nothing a later prefill
+    reuses."""
+    monkeypatch.setattr(tiny_model, "ensure", lambda seed=0, root=None: tmp_path / "tiny")
+    backend = configured(BACKENDS[name], **settings)
+    for topology in GPU_TOPOLOGIES:
+        for worker in render(backend, first_case(backend, topology), tmp_path / topology):
+            argv = worker["argv"]
+            if name == "trtllm":
+                path = Path(argv[argv.index("--extra-engine-args") + 1])
+                config = yaml.safe_load(path.read_text())["kv_cache_config"]
+                assert config["enable_block_reuse"] is False, worker["name"]
+            else:
+                assert argv.count(NO_PREFIX_CACHE[name]) == 1, worker["name"]
 
 
 def hosts(worker: dict) -> list[str]:

@@ -32,9 +32,9 @@ from handoff.settings import Configuration, Setting
 from handoff_vllm import VllmBackend, cpu, tiny_model
 
 #: The engine-native flags of a CPU worker: the GPU worker's, less the GPU-only ones, plus
-#: prefix caching off and the model inside the engine process.
+#: the model inside the engine process.
 GPU_ONLY = {"--num-gpu-blocks-override", "--gpu-memory-utilization"}
-CPU_ONLY = {"--no-enable-prefix-caching", "--distributed-executor-backend"}
+CPU_ONLY = {"--distributed-executor-backend"}
 CPU_NATIVE = {**NATIVE["vllm"], "all": NATIVE["vllm"]["all"] - GPU_ONLY | CPU_ONLY}
 
 

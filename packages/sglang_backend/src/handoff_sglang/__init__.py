@@ -6,6 +6,10 @@ Launch facts from Dynamo's tests/fault_tolerance/migration/test_sglang.py, reduc
 KV cap: `--max-total-tokens 1024`, a fixed size of SGLang's KV pool (not a fraction of free
 memory): one full-context request, the most a worker ever holds (`--max-running-requests 1`).
 
+Prefix caching off (`--disable-radix-cache`; SGLang's radix cache is on by default): each request
+is computed whole, so a request the deployment served before never serves a case's prefill
+from cache, and a decode worker always pulls its KV from the prefill worker.
+
 Ports: `system` (Dynamo's status server) and `nccl` (`--nccl-port`, the engine's process group
 rendezvous) for every role; `bootstrap` (`--disaggregation-bootstrap-port`) for the
 disaggregated roles, which find each other through it; `http` (`--port`) for prefill workers
@@ -67,6 +71,7 @@ class SglangBackend(DynamoGpuBackend):
             "--max-running-requests", "1",
             "--max-total-tokens", str(KV_TOKENS),
             "--context-length", str(CONTEXT_TOKENS),
+            "--disable-radix-cache",
         ]  # fmt: skip
         if role == "aggregate":
             return [*argv, "--skip-tokenizer-init"]

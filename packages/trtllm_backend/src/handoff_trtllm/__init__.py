@@ -10,6 +10,12 @@ suite; the file repeats that fraction in its `kv_cache_config`, because the file
 the place of the one Dynamo builds from the flag. The disaggregated roles also get the cache
 transceiver (for the KV transfer) and no overlap scheduler, as in Dynamo's suite.
 
+Prefix caching off: `kv_cache_config.enable_block_reuse: false` (TRT-LLM reuses KV blocks by
+default; Dynamo 1.6.1's worker has no flag of its own for it and reads it from this file, only
+warning that no reuse events are published, which round-robin routing does not use): each
+request is computed whole, so a request the deployment served before never serves a case's
+prefill from cache, and a decode worker always pulls its KV from the prefill worker.
+
 Ports: only `system`; the worker's command line takes no other port.
 
 Migration counts are checked as a lower bound, as Dynamo's suite checks them (that a migration
@@ -46,6 +52,7 @@ def engine_config(role: str) -> dict[str, object]:
     config["kv_cache_config"] = {
         "max_tokens": KV_TOKENS,
         "free_gpu_memory_fraction": FREE_GPU_MEMORY_FRACTION,
+        "enable_block_reuse": False,
     }
     return config
 

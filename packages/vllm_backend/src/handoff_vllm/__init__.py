@@ -14,6 +14,11 @@ handoff does not know the bytes per token, so it asks for Dynamo's suite's 512 b
 `--gpu-memory-utilization 0.15` stays small so that three workers fit one GPU and vLLM's
 free-memory check at start-up passes.
 
+Prefix caching is off on every device (`--no-enable-prefix-caching`; vLLM v1 turns it on by
+default): each request is computed whole, so a request the deployment served before (an
+undisturbed baseline, a pool's earlier case) never serves a case's prefill from cache, and a
+decode worker always pulls its KV from the prefill worker.
+
 Ports: `system` (Dynamo's status server, every role); `rendezvous` (`--master-port`, every
 role); `kv_events` (the ZMQ KV event publisher, on loopback, of aggregate and prefill workers,
 as in Dynamo's suite); `nixl` (the NIXL side channel of the prefill and decode workers, which
@@ -178,6 +183,7 @@ class VllmBackend(DynamoGpuBackend):
             "--enforce-eager",
             "--max-model-len", str(self.context_tokens),
             "--max-num-seqs", "1",
+            "--no-enable-prefix-caching",
         ]  # fmt: skip
         if self.on_cpu:
             argv += cpu.FLAGS

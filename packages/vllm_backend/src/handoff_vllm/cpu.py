@@ -24,9 +24,9 @@
   creates it with a zero delay, and vLLM leaves it on): a prefill and two decode workers keep
   both cores busy while idle, and the harness, polling for the request in flight, lost the race
   to a 2-second stream. The workers run at a lower priority (`nice`), so the harness and the
-  frontend, which sleep between reads, run as soon as they wake;
-- prefix caching is off: every request is computed whole, so the undisturbed baseline never
-  serves the case's own request from cache, and a decode worker always pulls its KV.
+  frontend, which sleep between reads, run as soon as they wake.
+
+Prefix caching is off as on a GPU (handoff_vllm passes it for every device).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ ENV = {
 }
 FLAGS = [
     "--block-size", str(BLOCK_TOKENS),
-    "--no-enable-prefix-caching",
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip
 KV_BUFFER = {"kv_buffer_device": "cpu"}
