@@ -140,6 +140,26 @@ def test_no_migration_at_all_names_the_faulted_worker():
     assert any("counted no migration at all: worker-0" in r for r in verdict.reasons)
 
 
+@pytest.mark.parametrize("details", [{"cached_tokens": 0}, {}, None])
+def test_a_prompt_computed_for_the_case_passes(details):
+    """0 cached tokens, or an engine that does not report them (no details, or null)."""
+    response = streamed(8)
+    response.chunks[-1].data["usage"]["prompt_tokens_details"] = details
+    verdict = judge("migration_enabled", response, counts(), SIGKILL, 8, "exact")
+    assert verdict.passed, verdict.reasons
+
+
+def test_a_prompt_served_from_a_prefix_cache_fails_the_case():
+    """The case's prompt was left in a worker's cache by an earlier request: not computed."""
+    response = streamed(8)
+    response.chunks[-1].data["usage"]["prompt_tokens_details"] = {"cached_tokens": 16}
+    verdict = judge("migration_enabled", response, counts(), SIGKILL, 8, "exact")
+    assert verdict.reasons == [
+        "usage.prompt_tokens_details.cached_tokens is 16, expected 0: the prompt was served "
+        "from a prefix cache, not computed for this case"
+    ]
+
+
 def test_transfer_evidence():
     assert transfer_problems(0.5, 0.42) == []
     assert "no transfer happened" in transfer_problems(0.05, 0.42)[0]

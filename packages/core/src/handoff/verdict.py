@@ -89,6 +89,19 @@ def completion_problems(response: Response, max_tokens: int) -> list[str]:
     return problems
 
 
+def cache_problems(response: Response) -> list[str]:
+    """A prompt the engine served from its prefix cache was not computed for this case (an
+    earlier request left it there): where usage reports cached tokens, they must be 0."""
+    details = (response.usage or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    if cached:  # absent or None: the engine does not say
+        return [
+            f"usage.prompt_tokens_details.cached_tokens is {cached}, expected 0: the prompt "
+            f"was served from a prefix cache, not computed for this case"
+        ]
+    return []
+
+
 def transfer_problems(ttft_s: float | None, floor_s: float) -> list[str]:
     """Evidence that the KV transfer happened: the first token cannot come before it is done."""
     if ttft_s is None:
@@ -134,6 +147,7 @@ def judge(
             f"(raise the output length)"
         )
     problems += response_problems(expected, policy_name, response, max_tokens)
+    problems += cache_problems(response)
     if expected.ongoing_request + expected.new_request and not migrated and not too_late:
         problems.append(
             f"the frontend counted no migration at all: {fault.worker}, which was faulted, "
