@@ -1,13 +1,16 @@
 """verdict.judge on recorded responses and counters (no system under test needed)."""
 
+import json
+
 import pytest
+from frontend_replay import events, fetch, recorded, replay
 
 from handoff.client import Chunk, Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import OUTCOMES
 from handoff.verdict import judge as judge_outcome
-from handoff.verdict import transfer_problems
+from handoff.verdict import response_problems, transfer_problems
 
 MAX_TOKENS = 8
 SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False)
@@ -21,7 +24,7 @@ def streamed(tokens: int, finish: str | None = "length", error: dict | None = No
     if finish:
         chunks.append(Chunk(0.0, {"choices": [{"delta": {}, "finish_reason": finish}]}))
         chunks.append(Chunk(0.0, {"choices": [], "usage": {"completion_tokens": tokens}}))
-    return Response(status=200, chunks=chunks, error=error, done=True)
+    return Response(status=200, chunks=chunks, error=error, done=True, streamed=True)
 
 
 def counts(ongoing=1, new=0, exceeded=0, ok=1, failed=0) -> MigrationCounts:
@@ -175,3 +178,73 @@ def test_a_response_the_drained_worker_finished_inside_the_bound_is_a_late_fault
     assert any("finished during the graceful bound, before the forced disconnect" in r
                for r in verdict.reasons)  # fmt: skip
     assert not any("was not serving the request" in r for r in verdict.reasons)
+
+
+def test_only_a_stream_must_end_with_done():
+    """`[DONE]` closes an SSE stream; a unary response has none to send."""
+    unary = streamed(8)
+    unary.streamed = unary.done = False
+    assert judge("migration_enabled", unary, counts(), SIGKILL, 8, "exact").passed
+    cut = streamed(8)
+    cut.done = False
+    verdict = judge("migration_enabled", cut, counts(), SIGKILL, 8, "exact")
+    assert verdict.reasons == ["the stream ended without its closing data: [DONE] frame"]
+
+
+@pytest.mark.parametrize(
+    ("name", "window", "policy"),
+    [
+        ("refused_mid_stream", "decoding", "migration_disabled"),
+        ("refused_unary", "decoding", "migration_disabled"),
+        ("capped_mid_stream", "decoding", "max_seq_len_exceeded"),
+        ("refused_before_first_token", "prefill", "migration_disabled"),
+    ],
+)
+def test_the_migration_paths_recorded_errors_satisfy_a_policy_that_must_fail(name, window, policy):
+    """Dynamo's real answers where it refuses or caps a migration: a 503 frame after HTTP 200
+    mid-stream, a plain HTTP 503 where no header had gone out."""
+    response = replay(name)
+    assert response.error["code"] == 503
+    assert response_problems(OUTCOMES[(window, policy)], policy, response, 8) == []
+
+
+def with_error_frame(frame: dict) -> str:
+    """The recorded refused stream, its 503 frame replaced by `frame`."""
+    body = events(recorded("refused_mid_stream")["body"])
+    at = next(n for n, event in enumerate(body) if '"error"' in event)
+    return "".join([*body[:at], f"data: {json.dumps({'error': frame})}\n\n", *body[at + 1 :]])
+
+
+DRAIN_TIMED_OUT = {"message": "Internal server error", "type": "internal_server_error", "code": 500}
+BAD_REQUEST = {"message": "max_tokens must be positive", "type": "Bad Request", "code": 400}
+NOT_FOUND = "HTTP 404: {'message': 'Model not found', 'type': 'Not Found', 'code': 404}"
+
+
+@pytest.mark.parametrize(
+    ("response", "came"),
+    [
+        (lambda: replay("unknown_model_stream"), NOT_FOUND),
+        (lambda: replay("unknown_model_unary"), NOT_FOUND),
+        (lambda: replay("refused_mid_stream", with_error_frame(DRAIN_TIMED_OUT)),
+         f"an SSE error frame: {DRAIN_TIMED_OUT}"),
+        (lambda: fetch(400, "application/json", [json.dumps(BAD_REQUEST)], True),
+         f"HTTP 400: {BAD_REQUEST}"),
+        (lambda: fetch(500, "application/json",
+                       [json.dumps({"message": "Service temporarily unavailable", "code": 503})],
+                       False),
+         "HTTP 500: {'message': 'Service temporarily unavailable', 'code': 503}"),
+    ],
+    ids=["404-stream", "404-unary", "500-frame", "400", "503-body-under-500"],
+)  # fmt: skip
+@pytest.mark.parametrize("policy", ["migration_disabled", "max_seq_len_exceeded"])
+def test_an_error_other_than_the_migration_paths_fails_a_policy_that_must_fail(
+    policy, response, came
+):
+    """The real 404 of a frontend asked for a model it does not serve (recorded), and errors
+    of the kinds Dynamo gives elsewhere (a drain that timed out: 500 frames), are not the
+    refusal the policy promises: the reason names what was expected and what came."""
+    problems = response_problems(OUTCOMES[("decoding", policy)], policy, response(), 8)
+    assert problems == [
+        f"policy {policy} requires the migration path's error 503 'Service temporarily "
+        f"unavailable' (HTTP 503, or an SSE error frame once streaming), but got {came}"
+    ]

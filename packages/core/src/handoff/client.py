@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+import sseclient
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CONNECT_TIMEOUT_S = 5.0
@@ -70,7 +72,10 @@ class Chunk:
 
 @dataclass
 class Response:
-    """What the client saw, in order: status, frames, error, end of stream, or a transport error."""
+    """What the client saw, in order: status, frames, error, end of stream, or a transport error.
+    `streamed`: the request asked for SSE frames, which end with `[DONE]`. `protocol_errors`:
+    what the frontend sent that an OpenAI client cannot read (a frame that is not JSON), kept
+    as evidence rather than turned into an empty chunk."""
 
     status: int | None = None
     headers_at: float | None = None
@@ -79,6 +84,8 @@ class Response:
     done: bool = False
     exception: str | None = None
     finished_at: float | None = None
+    protocol_errors: list[str] = field(default_factory=list)
+    streamed: bool = False
 
     @property
     def content_chunks(self) -> int:
@@ -112,6 +119,7 @@ class Response:
             parts.append(f"error={json.dumps(self.error)[:200]}")
         if self.exception:
             parts.append(f"transport error: {self.exception}")
+        parts += self.protocol_errors
         if self.done:
             parts.append("[DONE]")
         return ", ".join(parts)
@@ -119,6 +127,7 @@ class Response:
 
 def send(base_url: str, request: Request, response: Response, read_timeout_s: float) -> None:
     """Send `request` and record into `response` as data arrives; never raises."""
+    response.streamed = request.stream
     try:
         with requests.post(
             base_url + request.path,
@@ -131,28 +140,38 @@ def send(base_url: str, request: Request, response: Response, read_timeout_s: fl
             if http.status_code != 200:
                 response.error = _json_or_text(http.text)
             elif request.stream:
-                _read_stream(http, response)
+                # Chunk by chunk as they arrive: each frame is timed when it came.
+                _read_stream(http.iter_content(chunk_size=None), response)
             else:
-                response.chunks.append(Chunk(time.monotonic(), http.json()))
+                _record_frame(http.text, response, "the response body")
     except requests.RequestException as exc:
         response.exception = f"{type(exc).__name__}: {exc}"
     finally:
         response.finished_at = time.monotonic()
 
 
-def _read_stream(http: requests.Response, response: Response) -> None:
-    for line in http.iter_lines(decode_unicode=True):
-        if not line or not line.startswith("data:"):
-            continue
-        payload = line[len("data:") :].strip()
-        if payload == "[DONE]":
+def _read_stream(body: Iterable[bytes], response: Response) -> None:
+    """Record each server-sent event of `body` (parsed as the SSE spec says: a `data` field
+    over several lines is one payload, lines joined by newlines) until the stream ends."""
+    for event in sseclient.SSEClient(body).events():
+        if event.data == "[DONE]":
             response.done = True
-            continue
-        data = _json_or_text(payload)
-        if "error" in data:
-            response.error = data["error"] if isinstance(data["error"], dict) else data
         else:
-            response.chunks.append(Chunk(time.monotonic(), data))
+            _record_frame(event.data, response, "an SSE frame")
+
+
+def _record_frame(payload: str, response: Response, what: str) -> None:
+    """One JSON object from the frontend: a chunk, or the error it carries."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        response.protocol_errors.append(f"{what} is not a JSON object: {payload[:200]!r}")
+    elif "error" in data:
+        response.error = data["error"] if isinstance(data["error"], dict) else data
+    else:
+        response.chunks.append(Chunk(time.monotonic(), data))
 
 
 def _json_or_text(text: str) -> dict[str, Any]:

@@ -8,6 +8,10 @@ end-to-end cases):
 - A fault on a prefill worker before the first token is counted as a new_request migration and
   retried on another prefill worker unless migration is off. The sequence cap is checked (the
   max_seq_len_exceeded counter rises) but does not stop that retry: the request completes.
+- A refused or capped migration reaches the client as one error, 503 "Service temporarily
+  unavailable": the HTTP status where no header had gone out yet (a unary request, a fault
+  before the first token), else an SSE error frame after HTTP 200. A drain that times out on
+  the worker gives a 500 "Internal server error" instead: not the migration path's answer.
 """
 
 from __future__ import annotations
@@ -37,19 +41,39 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What must follow one fault: the response completes in full (or the client sees an API
-    error), and the frontend's migration counters read exactly these values."""
+class ApiError:
+    """An error as the frontend reports it: in the body of an HTTP error, or in an SSE error
+    frame; both carry the same code and message."""
 
-    completes: bool
+    code: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.message!r}"
+
+
+#: The frontend's answer when it cannot or may not move a request to another worker.
+SERVICE_UNAVAILABLE = ApiError(503, "Service temporarily unavailable")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What must follow one fault: the response completes in full (`error` None) or the client
+    sees exactly that API error, and the frontend's migration counters read these values."""
+
+    error: ApiError | None
     ongoing_request: int
     new_request: int
     max_seq_len_exceeded: int
     succeeded: int
     failed: int
 
+    @property
+    def completes(self) -> bool:
+        return self.error is None
+
     def counts(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if k != "completes"}
+        return {k: v for k, v in asdict(self).items() if k != "error"}
 
 
 POLICIES = {
@@ -62,16 +86,16 @@ POLICIES = {
     )
 }
 
-#: (fault window, policy) -> the outcome Dynamo produces.
+#: (fault window, policy) -> the outcome Dynamo produces (None: the response completes).
 OUTCOMES = {
-    ("decoding", "migration_enabled"): Outcome(True, 1, 0, 0, 1, 0),
-    ("decoding", "migration_disabled"): Outcome(False, 1, 0, 0, 0, 1),
-    ("decoding", "max_seq_len_exceeded"): Outcome(False, 1, 0, 1, 0, 1),
-    ("decoding", "max_seq_len_not_exceeded"): Outcome(True, 1, 0, 0, 1, 0),
-    ("prefill", "migration_enabled"): Outcome(True, 0, 1, 0, 1, 0),
-    ("prefill", "migration_disabled"): Outcome(False, 0, 1, 0, 0, 1),
-    ("prefill", "max_seq_len_exceeded"): Outcome(True, 0, 1, 1, 1, 0),
-    ("prefill", "max_seq_len_not_exceeded"): Outcome(True, 0, 1, 0, 1, 0),
+    ("decoding", "migration_enabled"): Outcome(None, 1, 0, 0, 1, 0),
+    ("decoding", "migration_disabled"): Outcome(SERVICE_UNAVAILABLE, 1, 0, 0, 0, 1),
+    ("decoding", "max_seq_len_exceeded"): Outcome(SERVICE_UNAVAILABLE, 1, 0, 1, 0, 1),
+    ("decoding", "max_seq_len_not_exceeded"): Outcome(None, 1, 0, 0, 1, 0),
+    ("prefill", "migration_enabled"): Outcome(None, 0, 1, 0, 1, 0),
+    ("prefill", "migration_disabled"): Outcome(SERVICE_UNAVAILABLE, 0, 1, 0, 0, 1),
+    ("prefill", "max_seq_len_exceeded"): Outcome(None, 0, 1, 1, 1, 0),
+    ("prefill", "max_seq_len_not_exceeded"): Outcome(None, 0, 1, 0, 1, 0),
 }
 
 

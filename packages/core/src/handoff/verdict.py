@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from handoff.client import Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
-from handoff.policies import Outcome
+from handoff.policies import ApiError, Outcome
 
 
 @dataclass
@@ -60,16 +60,38 @@ def late_count_problems(
 def response_problems(
     expected: Outcome, policy_name: str, response: Response, max_tokens: int
 ) -> list[str]:
-    if expected.completes:
-        return completion_problems(response, max_tokens)
+    """What the user got against what the policy promises: the whole response, or the
+    migration path's own error (any other error, a 404 or a 500, is another failure)."""
+    problems = [f"the frontend broke the protocol: {p}" for p in response.protocol_errors]
+    if expected.error is None:
+        return problems + completion_problems(response, max_tokens)
+    want = expected.error
     if response.exception:
-        return [f"expected an API error, but the connection failed: {response.exception}"]
-    if response.status != 200 or response.error is not None:
-        return []
-    return [
-        f"policy {policy_name} requires an API error after the fault, "
-        f"but the response ended without one: {response.summary()}"
-    ]
+        problems.append(f"expected an API error, but the connection failed: {response.exception}")
+    elif response.status == 200 and response.error is None:
+        problems.append(
+            f"policy {policy_name} requires an API error after the fault, "
+            f"but the response ended without one: {response.summary()}"
+        )
+    elif not carries(response, want):
+        came = "an SSE error frame" if response.status == 200 else f"HTTP {response.status}"
+        problems.append(
+            f"policy {policy_name} requires the migration path's error {want} (HTTP "
+            f"{want.code}, or an SSE error frame once streaming), but got {came}: "
+            f"{response.error}"
+        )
+    return problems
+
+
+def carries(response: Response, error: ApiError) -> bool:
+    """Whether the response ended with `error`: its code and message in the body of an HTTP
+    error of that code, or in an SSE error frame after HTTP 200."""
+    seen = response.error or {}
+    return (
+        response.status in (200, error.code)
+        and seen.get("code") == error.code
+        and seen.get("message") == error.message
+    )
 
 
 def completion_problems(response: Response, max_tokens: int) -> list[str]:
@@ -86,6 +108,8 @@ def completion_problems(response: Response, max_tokens: int) -> list[str]:
         problems.append(
             f"{response.completion_tokens} completion tokens in usage, expected {max_tokens}"
         )
+    if response.streamed and not response.done:
+        problems.append("the stream ended without its closing data: [DONE] frame")
     return problems
 
 
