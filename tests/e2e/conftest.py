@@ -1,19 +1,36 @@
 """Every end-to-end test, pass or fail, must leave no process that handoff started."""
 
+import uuid
+
 import psutil
 import pytest
+from leaks import marked
+
+from handoff.machine.ownership import MARK_ENV
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_running(request):
+def handoff_mark(monkeypatch) -> str:
+    """This test's mark: every process handoff starts for it carries it, and the runs it starts
+    (their environment copied from this one) pass it on to theirs."""
+    mark = f"test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(MARK_ENV, mark)
+    return mark
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(request, handoff_mark):
     """Only the warm pool a qualification run keeps for its next case may outlive a test (the
     pool's own teardown fails the run if it leaves anything), and the docker engine that the
-    container tests share (stopped, with its children, after them)."""
+    container tests share (stopped, with its children, after them). A process is the test's
+    if it is under the test's own tree or carries its mark: a child whose parent died before
+    it, re-parented to init (vLLM's EngineCore), or one detached into a session of its own."""
     yield
     pools = request.node.funcargs.get("handoff_pools")
     kept = {p.pid for p in pools.live_processes()} if pools else set()
     if engine := request.node.funcargs.get("docker_engine"):
         dockerd = psutil.Process(engine.process.pid)
         kept |= {p.pid for p in [dockerd, *dockerd.children(recursive=True)]}
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in kept]
+    ours = {p.pid: p for p in [*psutil.Process().children(recursive=True), *marked(handoff_mark)]}
+    left = [p for pid, p in sorted(ours.items()) if pid not in kept]
     assert left == [], f"processes left behind: {[(p.pid, p.name()) for p in left]}"

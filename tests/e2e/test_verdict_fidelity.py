@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import psutil
 import pytest
+from leaks import marked
 
 from handoff import faults, runner
 from handoff.cases import Case
@@ -258,12 +259,15 @@ def strays_under(folder) -> dict[int, int]:
     }
 
 
-def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path):
+def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path, handoff_mark):
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
     try:
         result = runner.run_case(DetachingMocker(), case, tmp_path / "case", SETTINGS, 60)
         strays = strays_under(tmp_path / "case")
         assert len(strays) == 2, strays  # one for each of the two aggregate workers
+        # Out of this process's tree (re-parented to init), yet found by the leak check.
+        tree = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert set(strays.values()) <= {p.pid for p in marked(handoff_mark)} - tree
         assert not result.verdict.passed
         reasons = " | ".join(result.verdict.reasons)
         for port, pid in strays.items():

@@ -23,6 +23,15 @@ from pathlib import Path
 import psutil
 
 STATE_ENV = "HANDOFF_STATE_DIR"
+#: Set on every process handoff starts, and so inherited by everything those start in turn:
+#: what a run left behind is found by it even in a session of its own, re-parented to init.
+MARK_ENV = "HANDOFF_STARTED_BY"
+
+
+def mark() -> str:
+    """The value of `MARK_ENV` for what this process starts: the one it was given itself (a run
+    that a test started carries the test's), else its own pid."""
+    return os.environ.get(MARK_ENV) or str(os.getpid())
 
 
 def records_dir() -> Path:

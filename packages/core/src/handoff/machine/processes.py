@@ -44,7 +44,7 @@ class ManagedProcess:
             try:
                 self.popen = subprocess.Popen(
                     self.argv,
-                    env=self.env,
+                    env={**self.env, ownership.MARK_ENV: ownership.mark()},
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

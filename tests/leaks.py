@@ -1,0 +1,23 @@
+"""What a test left running: every process handoff started for it carries the test's mark
+(handoff.machine.ownership.MARK_ENV), so it is found wherever it went, a detached grandchild
+in a session of its own and re-parented to init included, where the test's own process tree
+no longer reaches it."""
+
+from __future__ import annotations
+
+import contextlib
+
+import psutil
+
+from handoff.machine.ownership import MARK_ENV
+
+
+def marked(value: str) -> list[psutil.Process]:
+    """The living processes whose environment carries `value` as handoff's mark."""
+    found = []
+    for proc in psutil.process_iter():
+        # Another user's process, or one gone meanwhile, is none of ours.
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARK_ENV) == value:
+                found.append(proc)
+    return found
