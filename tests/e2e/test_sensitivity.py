@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import threading
+import time
 from dataclasses import replace
 
 import psutil
@@ -103,21 +104,34 @@ def test_start_up_failure_names_the_process_and_its_log(tmp_path):
 
 
 class FreezingMocker(MockerBackend):
-    """Workers that stop answering (SIGSTOP) the moment the request is in flight."""
+    """Workers that all stop (SIGSTOP) once one reports the request in flight: the system hangs
+    mid-request (a pool's draw, which finds them idle, freezes none). They decode slowly
+    (0.29 s a token), so that the hang comes before the five tokens the fault waits for."""
+
+    def __init__(self):
+        super().__init__(speedup_ratio=0.02)
+        self.frozen_at = None
 
     def holders(self, workers):
-        for worker in workers:
-            os.kill(worker.process.pid, signal.SIGSTOP)
-        return super().holders(workers)
+        held = super().holders(workers)
+        if held and self.frozen_at is None:
+            for worker in workers:
+                os.kill(worker.process.pid, signal.SIGSTOP)
+            self.frozen_at = time.monotonic()
+        return held
 
 
 @pytest.mark.parametrize("response", ["stream", "unary"])
 def test_a_hung_system_fails_within_the_case_timeout(tmp_path, response):
     case = Case.from_id(f"migration_enabled-worker_failure-completion-{response}-tcp")
-    result = run_case(FreezingMocker(), case, tmp_path, SETTINGS, timeout_s=12)
+    backend = FreezingMocker()
+    result = run_case(backend, case, tmp_path, SETTINGS, timeout_s=12)
     assert not result.verdict.passed
-    assert result.verdict.phase == "request_sent"
-    assert "timed out waiting for a worker to hold the request" in result.verdict.reasons[0]
+    assert result.verdict.phase == "holder_found"
+    sent = next(e.at for e in result.history.events if e.name == "request_sent")
+    assert backend.frozen_at > result.history.started + sent  # frozen mid-request
+    what = {"stream": "streamed content chunks", "unary": "tokens received by the frontend"}
+    assert result.verdict.reasons[0].startswith(f"timed out waiting for 5 {what[response]}")
     assert result.seconds < 12 + 15  # the case budget plus the teardown bound
     assert_ports_free(result)
 
@@ -225,6 +239,7 @@ class SecondFaultMocker(MockerBackend):
         self.migration_counts = migration_counts
         self.targets = []
         self.second = None
+        self.killed = self.failure = None
 
     def holders(self, workers):
         if len(workers) > 1:
@@ -240,7 +255,19 @@ class SecondFaultMocker(MockerBackend):
             held = super(SecondFaultMocker, self).holders(others)
             return (held[0] if held else None), "no other worker holds it"
 
-        poll_until(moved, Deadline(15), "the request to migrate").process.kill()
+        try:
+            self.killed = poll_until(moved, Deadline(15), "the request to migrate")
+            self.killed.process.kill()
+        except Exception as exc:  # raised again in the test's thread by `join`
+            self.failure = exc
+
+    def join(self):
+        """The worker the second fault killed, once it has; raises why it never came."""
+        assert self.second is not None, "the case never reached its planned fault"
+        self.second.join()
+        if self.failure is not None:
+            raise self.failure
+        return self.killed
 
 
 LIMIT_ONE = Policy("migration_enabled", 1, None)
@@ -248,8 +275,13 @@ THREE = ("aggregate", "aggregate", "aggregate")
 
 
 def run_twice_faulted(tmp_path, backend, frontend_policy=None):
+    """The case, faulted twice: the second kill came, to another worker than the planned
+    fault's, and the frontend counted both migrations."""
     result = run_case(backend, STREAM_ENABLED, tmp_path, SETTINGS, 60, frontend_policy, roles=THREE)
-    backend.second.join()
+    faulted = next(e.data["worker"] for e in result.history.events if e.name == "fault_sent")
+    assert backend.join().name != faulted
+    counted = next(e.data["counts"] for e in result.history.events if e.name == "metrics_read")
+    assert counted["ongoing_request"] == 2, counted
     assert_ports_free(result)
     return result
 
