@@ -4,8 +4,10 @@ tests/unit/test_plugins.py; malformed settings: tests/unit/test_settings.py.)"""
 
 import fcntl
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +33,12 @@ def env(tmp_path):
     return env
 
 
-def qualify(tmp_path, env, *args):
+def qualify(tmp_path, env, *args, cwd=None):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
          "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
          str(tmp_path / "runs"), *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, timeout=120, env=env, cwd=cwd,
     )  # fmt: skip
     records = tmp_path / "records"
     assert not records.exists() or list(records.glob("*.json")) == [], "processes left running"
@@ -111,6 +113,38 @@ def test_a_negative_number_of_spare_workers(tmp_path, env):
     result = qualify(tmp_path, env, "--handoff-spare-workers", "-1")
     assert result.returncode == 2
     the_line(result, "--handoff-spare-workers must be 0 or more, not -1")
+
+
+def settings_example():
+    """The TOML example of docs/settings.md: a shared table and a [tool.handoff.vllm] table."""
+    docs = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
+    return re.search(r"```toml\n(.*?)```", docs, re.DOTALL).group(1)
+
+
+def test_the_documented_settings_do_not_break_a_mocker_run(tmp_path, env):
+    """As on a machine with only the mocker's plugin: another backend's table is no error."""
+    (tmp_path / "pyproject.toml").write_text(settings_example())
+    env = {**env, "HANDOFF_PLUGINS": "mocker"}
+    result = qualify(tmp_path, env, "--collect-only", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "18 tests collected" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("table", "line"),
+    [
+        ("[tool.handoff]\ngraceful_bound_s = -1\n", "graceful_bound_s in [tool.handoff] of "),
+        ("[tool.handoff.mocker]\nmax_tokens = {agregate = 5}\n", "max_tokens in [tool.handoff.mo"),
+        ("[tool.handoff.mocker]\ncase_timeout_s = 0\n", "case_timeout_s in [tool.handoff.mocker]"),
+    ],
+)
+def test_a_setting_out_of_range_ends_the_run_at_collection(tmp_path, env, table, line):
+    (tmp_path / "pyproject.toml").write_text(table)
+    result = qualify(tmp_path, env, "--collect-only", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stdout + result.stderr
+    found = the_line(result, line)
+    assert found.endswith(", or remove it") and f"{tmp_path / 'pyproject.toml'}" in found
 
 
 def test_an_empty_selection():

@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
+from handoff.commands import container
 from handoff.errors import HandoffError
-from handoff.settings import resolve
+from handoff.plugins import load
+from handoff.settings import KEYS, problem, resolve
 
 DEFAULTS = {"case_timeout_s": 90.0, "model": "Qwen/Qwen3-0.6B"}
 INSTALLED = {"mocker", "vllm"}
@@ -110,3 +112,131 @@ def test_handoff_config_rejects_a_malformed_file_in_one_line(tmp_path):
     result = run_config(tmp_path, "--backend", "mocker")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "unknown key 'retries'" in result.stderr
+
+
+def one_line_error(folder, text, backend="vllm", installed=INSTALLED):
+    write(folder, "pyproject.toml", text)
+    with pytest.raises(HandoffError) as caught:
+        resolve(backend, DEFAULTS, installed, start=folder)
+    message = str(caught.value)
+    assert "\n" not in message and str(folder / "pyproject.toml") in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[tool.handoff]\ngraceful_bound_s = -1\n",
+            "graceful_bound_s in [tool.handoff] of {file} must be above 0, not -1: give a value "
+            "above 0, or remove it",
+        ),
+        (
+            "[tool.handoff.vllm]\ncase_timeout_s = 0\n",
+            "case_timeout_s in [tool.handoff.vllm] of {file} must be above 0, not 0: give a "
+            "value above 0, or remove it",
+        ),
+        ("[tool.handoff]\nstartup_timeout_s = -0.5\n", "must be above 0, not -0.5"),
+        ("[tool.handoff]\nstartup_timeout_s = inf\n", "must be above 0, not inf"),
+        ("[tool.handoff]\ncase_timeout_s = nan\n", "must be above 0, not nan"),
+        ("[tool.handoff]\nspare_workers = -1\n", "must be 0 or more, not -1: give a value 0 "),
+        ("[tool.handoff]\ngraceful_bound_s = true\n", "must be a number, not True"),
+        (
+            "[tool.handoff.vllm]\nmax_tokens = { agregate = 5 }\n",
+            "max_tokens in [tool.handoff.vllm] of {file} names no topology 'agregate' in "
+            "{{'agregate': 5}}: use aggregate, decode, kv_transfer, prefill (did you mean "
+            "'aggregate'?), or remove it",
+        ),
+        ("[tool.handoff]\nmax_tokens = { decode = 0 }\n", "integers above 0, not {{'decode': 0}}"),
+        ("[tool.handoff]\nmax_tokens = { decode = true }\n", "integers above 0, not {{'decode'"),
+    ],
+)
+def test_a_number_out_of_range_names_key_table_value_and_fix(tmp_path, text, message):
+    file = tmp_path / "pyproject.toml"
+    assert message.format(file=file) in one_line_error(tmp_path, text)
+
+
+def test_the_edges_of_each_range_are_accepted(tmp_path):
+    write(
+        tmp_path,
+        "pyproject.toml",
+        "[tool.handoff]\nspare_workers = 0\ngraceful_bound_s = 0.01\nstartup_timeout_s = 1\n"
+        "[tool.handoff.vllm]\nmax_tokens = { aggregate = 1, prefill = 2 }\n",
+    )
+    conf = resolve("vllm", DEFAULTS, INSTALLED, start=tmp_path)
+    assert conf.get("spare_workers") == 0 and conf.get("graceful_bound_s") == 0.01
+    assert conf.get("max_tokens") == {"aggregate": 1, "prefill": 2}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "graceful_bound_s",
+            -1.0,
+            "--handoff-graceful-bound must be above 0, not -1.0: give a value above 0, or leave "
+            "--handoff-graceful-bound out",
+        ),
+        ("graceful_bound_s", 0.0, "--handoff-graceful-bound must be above 0, not 0.0: "),
+        (
+            "spare_workers",
+            -1,
+            "--handoff-spare-workers must be 0 or more, not -1: give a value 0 or more, or leave "
+            "--handoff-spare-workers out",
+        ),
+    ],
+)
+def test_a_command_line_value_out_of_range_names_its_option(tmp_path, key, value, message):
+    option = message.split()[0]
+    with pytest.raises(HandoffError) as caught:
+        resolve("vllm", DEFAULTS, INSTALLED, {key: (value, option)}, tmp_path)
+    assert str(caught.value).startswith(message)
+
+
+def test_a_backend_default_out_of_range_names_the_plugin(tmp_path):
+    with pytest.raises(HandoffError) as caught:
+        resolve("vllm", {"startup_timeout_s": 0.0}, INSTALLED, start=tmp_path)
+    assert str(caught.value).startswith(
+        "startup_timeout_s of the vllm backend default must be above 0, not 0.0"
+    )
+
+
+def test_every_installed_backend_keeps_its_defaults_in_range_and_names_known_keys():
+    backends = load().backends
+    assert {"mocker", "vllm", "sglang", "trtllm", "example"} <= set(backends)
+    for name, backend in backends.items():
+        assert set(backend.uses_settings) <= set(KEYS), name
+        for defaults in (backend.defaults, *backend.device_defaults.values()):
+            for key, value in defaults.items():
+                assert problem(key, value) is None, (name, key, value)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A handoff repository with the core and two backend packages, neither installed."""
+    for package in ("core", "teleport_backend", "warp_backend"):
+        (tmp_path / "repo" / "packages" / package).mkdir(parents=True)
+        (tmp_path / "repo" / "packages" / package / "pyproject.toml").write_text("[project]\n")
+    return tmp_path / "repo"
+
+
+def test_a_table_of_a_backend_package_of_the_repository_is_accepted_uninstalled(repo):
+    text = "[tool.handoff.teleport]\nimage = 'team/teleport:1'\n[tool.handoff.warp]\nmodel = 'm'\n"
+    write(repo, "pyproject.toml", text)
+    # Host (only the mocker loaded) and container paths read the same file alike.
+    conf = resolve("warp", {}, {"mocker"}, start=repo / "packages")
+    assert conf.get("model") == "m"
+    assert container.team_settings("teleport", repo).get("image") == "team/teleport:1"
+
+
+def test_a_table_named_after_no_backend_is_an_error_with_the_nearest(repo):
+    message = one_line_error(repo, "[tool.handoff.telport]\nimage = 'x'\n", "mocker", {"mocker"})
+    assert message == (
+        f"[tool.handoff.telport] of {repo / 'pyproject.toml'} names no backend that is installed "
+        "or in this repository's packages (mocker, teleport, warp): did you mean [teleport]?"
+    )
+
+
+def test_outside_the_repository_only_installed_backends_have_tables(repo, tmp_path):
+    message = one_line_error(tmp_path, "[tool.handoff.teleport]\nimage = 'x'\n", "mocker", set())
+    assert "[tool.handoff.teleport] of " in message and "install the backend's package" in message

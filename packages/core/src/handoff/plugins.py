@@ -118,6 +118,13 @@ def get_backend(name: str) -> Backend:
     raise HandoffError(loaded.unknown(name))
 
 
+def installed_backends() -> set[str]:
+    """The backends installed plugins provide, whether they loaded or not: those that loaded,
+    and the plugins that broke or that HANDOFF_PLUGINS leaves out (by entry point name)."""
+    loaded = load()
+    return {*loaded.backends, *loaded.broken, *loaded.filtered}
+
+
 def configured_backend(
     name: str, overrides: dict[str, tuple[object, str]] | None = None, start: Path | None = None
 ):
@@ -126,7 +133,7 @@ def configured_backend(
     backend = get_backend(name)
     backend.configure(
         resolve(
-            name, backend.defaults, set(load().backends), overrides, start, backend.uses_settings
+            name, backend.defaults, installed_backends(), overrides, start, backend.uses_settings
         )
     )
     return backend

@@ -228,9 +228,6 @@ def chosen_backend(config: pytest.Config) -> Backend:
         raise HandoffError(
             "the handoff suite needs --handoff-backend, e.g. --handoff-backend mocker"
         )
-    spares = config.getoption("handoff_spare_workers")
-    if spares is not None and spares < 0:
-        raise HandoffError(f"--handoff-spare-workers must be 0 or more, not {spares}")
     overrides = {
         "graceful_bound_s": (
             config.getoption("handoff_graceful_bound"),

@@ -1,5 +1,6 @@
 """A team's settings: `[tool.handoff]` in pyproject.toml (or a handoff.toml beside it), over
-each backend's defaults, under the command line. Every value remembers where it came from.
+each backend's defaults, under the command line. Every value remembers where it came from
+and is checked there: its type, its range, its topologies.
 
 Layout (handoff.toml holds the same tables without the `tool.handoff` prefix):
 
@@ -14,11 +15,14 @@ Layout (handoff.toml holds the same tables without the `tool.handoff` prefix):
 
 from __future__ import annotations
 
+import difflib
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from handoff.cases import TOPOLOGIES
 from handoff.errors import HandoffError
 
 #: Every key a settings table may hold: its type and what it is for.
@@ -49,6 +53,15 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         "pytest-split's durations file for --splits N --group G (default: "
         "durations/<backend>.json, or <backend>-<device>.json, under the working folder)",
     ),
+}
+ABOVE_ZERO, ZERO_OR_MORE = "above 0", "0 or more"
+#: Each number's range (max_tokens: each topology's count is above 0). A bound or a timeout
+#: of 0 would turn a case into another: a graceful case whose SIGKILL follows its SIGTERM.
+RANGES = {
+    "graceful_bound_s": ABOVE_ZERO,
+    "case_timeout_s": ABOVE_ZERO,
+    "startup_timeout_s": ABOVE_ZERO,
+    "spare_workers": ZERO_OR_MORE,
 }
 BUILT_IN = {"graceful_bound_s": 2.0, "fresh_deployments": False, "spare_workers": 1}
 FILES = ("handoff.toml", "pyproject.toml")
@@ -83,6 +96,19 @@ def find_file(start: Path) -> Path | None:
     return None
 
 
+def find_repository(start: Path) -> Path | None:
+    """The handoff repository at or above `start` (the folder holding packages/core)."""
+    for folder in (start.resolve(), *start.resolve().parents):
+        if (folder / "packages" / "core" / "pyproject.toml").is_file():
+            return folder
+    return None
+
+
+def repository_backends(repo: Path) -> set[str]:
+    """The backends whose packages this repository holds (packages/<backend>_backend)."""
+    return {p.name.removesuffix("_backend") for p in (repo / "packages").glob("*_backend")}
+
+
 def _read(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text())
@@ -91,14 +117,23 @@ def _read(path: Path) -> dict:
 
 
 def file_tables(path: Path, backends: set[str]) -> dict[str, dict]:
-    """The shared table ('') and each backend's table of `path`, every key checked."""
+    """The shared table ('') and each backend's table of `path`, every key and value checked.
+    A table may be named after any of `backends`, whether or not it runs here."""
     data = _read(path)
     root = data if path.name == "handoff.toml" else data.get("tool", {}).get("handoff", {})
     prefix = "" if path.name == "handoff.toml" else "tool.handoff"
     tables: dict[str, dict] = {"": {}}
     for key, value in root.items():
+        label = f"[{'.'.join(filter(None, (prefix, key)))}]"
         if isinstance(value, dict) and key in backends:
-            tables[key] = _checked(value, f"[{'.'.join(filter(None, (prefix, key)))}]", path)
+            tables[key] = _checked(value, label, path)
+        elif isinstance(value, dict) and key not in KEYS:
+            near = difflib.get_close_matches(key, backends, n=1)
+            hint = f"did you mean [{near[0]}]?" if near else "install the backend's package"
+            raise HandoffError(
+                f"{label} of {path} names no backend that is installed or in this "
+                f"repository's packages ({', '.join(sorted(backends)) or 'none'}): {hint}"
+            )
         else:
             tables[""][key] = value
     tables[""] = _checked(tables[""], f"[{prefix}]" if prefix else "the top level", path)
@@ -110,21 +145,48 @@ def _checked(table: dict, where: str, path: Path) -> dict:
         if key not in KEYS:
             raise HandoffError(
                 f"unknown key {key!r} in {where} of {path}: use one of {', '.join(KEYS)} "
-                "(or a table named after an installed backend)"
+                "(or a table named after a backend)"
             )
-        kind = KEYS[key][0]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            expected = "a number" if kind == (int, float) else f"a {_type_name(kind)}"
-            raise HandoffError(f"{key} in {where} of {path} must be {expected}, not {value!r}")
-        if key == "spare_workers" and value < 0:
-            raise HandoffError(f"spare_workers in {where} of {path} must be 0 or more, not {value}")
-        if key == "max_tokens" and not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value.values()
-        ):
-            raise HandoffError(
-                f"max_tokens in {where} of {path} must map topologies to integers, not {value!r}"
-            )
+        if wrong := problem(key, value):
+            raise HandoffError(f"{key} in {where} of {path} {wrong}, or remove it")
     return table
+
+
+def problem(key: str, value: object) -> str | None:
+    """What is wrong with `value` for `key` and the fix ("must be ..., not ...: give ..."), or
+    None when it is in range."""
+    if key not in KEYS:
+        return f"is no setting: use one of {', '.join(KEYS)}"
+    kind = KEYS[key][0]
+    if not _is(value, kind):
+        expected = "a number" if kind == (int, float) else f"a {_type_name(kind)}"
+        return f"must be {expected}, not {value!r}: give {expected}"
+    if key == "max_tokens":
+        assert isinstance(value, dict)
+        if unknown := [t for t in value if t not in TOPOLOGIES]:
+            near = difflib.get_close_matches(unknown[0], TOPOLOGIES, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return (
+                f"names no topology {unknown[0]!r} in {value!r}: use {', '.join(TOPOLOGIES)}{hint}"
+            )
+        if not all(_is(v, int) and v > 0 for v in value.values()):
+            return (
+                f"must map topologies to integers above 0, not {value!r}: give each topology "
+                "its output tokens, e.g. { aggregate = 512 }"
+            )
+        return None
+    rule = RANGES.get(key)
+    if rule is None:
+        return None
+    assert isinstance(value, int | float)
+    if not math.isfinite(value) or value < 0 or (value == 0 and rule == ABOVE_ZERO):
+        return f"must be {rule}, not {value!r}: give a value {rule}"
+    return None
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    """isinstance, but a boolean is no number."""
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -142,12 +204,19 @@ def resolve(
     """Built-in defaults < the backend's defaults < the shared table < the backend's table
     < `overrides` (key -> (value, which option)); None overrides are ignored. A key in the
     backend's own table that the backend does not use (`used`) is an error, not a silent no-op.
+    A file's tables may be named after any `installed` backend or one of the packages of the
+    handoff repository the file lies in, so the host and a runtime container read one file
+    alike. Every value is checked where it comes from.
     """
     values = {k: Setting(v, "built-in default") for k, v in BUILT_IN.items()}
     values.update({k: Setting(v, f"{backend} backend default") for k, v in defaults.items()})
+    for key, found in values.items():
+        if wrong := problem(key, found.value):
+            raise HandoffError(f"{key} of the {found.source} {wrong} in its plugin")
     path = find_file(start or Path.cwd())
     if path is not None:
-        tables = file_tables(path, installed)
+        repo = find_repository(path.parent)
+        tables = file_tables(path, installed | (repository_backends(repo) if repo else set()))
         prefix = "" if path.name == "handoff.toml" else "tool.handoff"
         for table, label in (("", prefix), (backend, ".".join(filter(None, (prefix, backend))))):
             where = f"{path.name} [{label}]" if label else path.name
@@ -161,6 +230,9 @@ def resolve(
                 found = {k: v for k, v in found.items() if k in used}
             values.update({k: Setting(v, where) for k, v in found.items()})
     for key, (value, option) in (overrides or {}).items():
-        if value is not None:
-            values[key] = Setting(value, f"command line {option}")
+        if value is None:
+            continue
+        if wrong := problem(key, value):
+            raise HandoffError(f"{option} {wrong}, or leave {option} out")
+        values[key] = Setting(value, f"command line {option}")
     return Configuration(backend, values)

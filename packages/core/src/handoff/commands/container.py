@@ -61,9 +61,9 @@ from pathlib import Path
 
 from handoff.errors import HandoffError
 from handoff.machine.environment import gpu_count, require_binary
-from handoff.plugins import configured_backend
+from handoff.plugins import configured_backend, installed_backends
 from handoff.polling import Deadline
-from handoff.settings import Configuration, resolve
+from handoff.settings import Configuration, find_repository, repository_backends, resolve
 
 IMAGE_ENV = "HANDOFF_IMAGE"
 #: The model cache inside the container; HF_HOME points there.
@@ -133,23 +133,17 @@ def check_backend_name(name: str) -> str:
 
 def find_repo(start: Path) -> Path:
     """The handoff repository at or above `start`: the folder holding packages/core."""
-    for folder in (start.resolve(), *start.resolve().parents):
-        if (folder / "packages" / "core" / "pyproject.toml").is_file():
-            return folder
+    if (repo := find_repository(start)) is not None:
+        return repo
     raise HandoffError(
         f"no handoff repository at or above {start.resolve()} (no packages/core/pyproject.toml): "
         "run this from inside the repository, which is mounted into the container"
     )
 
 
-def repo_backends(repo: Path) -> set[str]:
-    """The backends whose packages this repository holds (packages/<name>_backend)."""
-    return {p.name.removesuffix("_backend") for p in (repo / "packages").glob("*_backend")}
-
-
 def check_backend_package(repo: Path, backend: str) -> None:
     if not (repo / "packages" / f"{backend}_backend" / "pyproject.toml").is_file():
-        known = ", ".join(sorted(repo_backends(repo))) or "none"
+        known = ", ".join(sorted(repository_backends(repo))) or "none"
         raise HandoffError(
             f"no package packages/{backend}_backend in {repo} to install in the container: "
             f"use one of {known}"
@@ -158,7 +152,7 @@ def check_backend_package(repo: Path, backend: str) -> None:
 
 def team_settings(backend: str, repo: Path) -> Configuration:
     """The team's settings for `backend`, found from the repository as pytest will inside."""
-    return resolve(backend, {}, repo_backends(repo) | {backend}, start=repo)
+    return resolve(backend, {}, installed_backends(), start=repo)
 
 
 def find_image(
