@@ -97,7 +97,7 @@ def test_the_cpu_runs_what_the_gpu_runs(tiny):
 
 
 def test_cpu_requests_are_words_of_the_tiny_model(tiny):
-    """One word a token and no chat template: the prompt is exactly its planned tokens."""
+    """The anchor, then one word a token: the prompt is exactly its planned tokens."""
     backend = on_cpu()
     for topology in backend.topologies:
         for case in selection(topology, "nightly", backend):
@@ -114,7 +114,7 @@ def test_cpu_markers_cpu_timeouts_and_no_gpu_memory(tiny):
     backend = on_cpu()
     for topology in GPU_TOPOLOGIES:
         assert backend.markers(first_case(backend, topology)) == {
-            "timeout": cpu.TIMEOUTS[topology],
+            "handoff_timeout": cpu.TIMEOUTS[topology],
             "requested_vllm_kv_cache_bytes": 2**30,
         }
     assert backend.cpus_per_case == cpu.CPUS_PER_CASE
@@ -160,7 +160,7 @@ def test_handoff_cases_shows_the_device_and_what_each_runs(team, tiny, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "# device: cpu (from command line --device); --device picks another"
     assert out[1].startswith("#   cuda: GPUs") and out[2].startswith("#   cpu: CPUs")
-    assert "timeout=120 requested_vllm_kv_cache_bytes=1073741824" in "\n".join(out)
+    assert "handoff_timeout=120 requested_vllm_kv_cache_bytes=1073741824" in "\n".join(out)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from handoff.errors import HandoffError
-from handoff.metrics import worker_sum
+from handoff.metrics import worker_sums
 from handoff.settings import BUILT_IN, Configuration, Setting
 
 if TYPE_CHECKING:
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 #: Dynamo's runtime exports this on every worker's system port, whatever the engine.
 INFLIGHT = "dynamo_component_inflight_requests"
+#: The pytest marker that carries a case's deadline in seconds. Not `timeout`: pytest-timeout
+#: reads that one and would kill the test mid-teardown, leaving the case's processes running.
+TIMEOUT_MARKER = "handoff_timeout"
 
 
 @dataclass(frozen=True)
@@ -201,14 +204,24 @@ class Backend(ABC):
         the case's own folder."""
 
     def markers(self, case: Case) -> dict[str, float]:
-        """pytest markers of `case` as name -> value: at least `timeout`; GPU engines add
+        """pytest markers of `case` as name -> value: at least TIMEOUT_MARKER; GPU engines add
         `profiled_vram_gib` and their KV cap (e.g. `requested_vllm_kv_cache_bytes`)."""
-        return {"timeout": float(self.setting("case_timeout_s"))}
+        return {TIMEOUT_MARKER: float(self.setting("case_timeout_s"))}
 
     def holders(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that report a request in flight right now, from their own state: by
-        default the in-flight gauge on each worker's `system` port."""
-        return [w for w in workers if _inflight(w.ports["system"]) > 0]
+        default the in-flight gauge on each worker's `system` port. Raises
+        `metrics.Unanswered` when any does not answer: whether it holds one is unknown."""
+        ports = {w.name: w.ports["system"] for w in workers}
+        inflight = worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+        return [w for w in workers if inflight[w.name] > 0]
+
+    def reference(self, api: str, shape: Shape) -> str | None:
+        """The text `shape`'s request must give, computed by handoff from the model's own
+        definition rather than by the deployment under test; None where the backend has none
+        (a deterministic backend's response is then compared with an undisturbed baseline
+        that the deployment serves first)."""
+        return None
 
     def output_tokens(self, text: str) -> int | None:
         """How many tokens `text` of the model's output is, where the backend can tell without
@@ -219,8 +232,3 @@ class Backend(ABC):
         """The least time the KV transfer of `case`'s prompt takes, or None if unknown: a first
         token sooner than this proves no transfer happened (kv_transfer cases)."""
         return None
-
-
-def _inflight(system_port: int) -> float:
-    # A worker that cannot answer holds nothing we could fault: worker_sum reads it as 0.
-    return worker_sum(system_port, INFLIGHT, {"dynamo_endpoint": "generate"})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff.backend import Backend
+from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
 from handoff.machine import ownership
@@ -34,7 +34,7 @@ LOADGROUP = "handoff_loadgroup"
 MARKERS = {
     "pre_merge": "case of a pre_merge selection",
     "nightly": "case of a nightly selection",
-    "timeout(seconds)": "the most one handoff case may take, start-up to teardown",
+    f"{TIMEOUT_MARKER}(seconds)": "the most one handoff case may take, start-up to teardown",
 }
 
 
@@ -255,7 +255,7 @@ def case_params(config: pytest.Config) -> list:
             key = PoolKey.of(backend, case, backend.roles(case.topology))
             marks.append(pytest.mark.xdist_group(key.label))
         for marker, value in backend.markers(case).items():
-            if marker not in MARKERS and marker != "timeout":
+            if marker not in MARKERS and marker != TIMEOUT_MARKER:
                 config.addinivalue_line("markers", f"{marker}(value): set by {backend.name}")
             marks.append(getattr(pytest.mark, marker)(value))
         params.append(pytest.param(case, id=case.key, marks=marks))

@@ -34,7 +34,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from handoff import word_tokenizer
-from handoff.backend import Model
+from handoff.backend import TIMEOUT_MARKER, Model
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -45,7 +45,7 @@ from handoff.gpu_backend import (
 from handoff.machine.environment import require_engine, require_modules
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
-from handoff_vllm import cpu, tiny_model
+from handoff_vllm import cpu, rule, tiny_model
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
 KV_CACHE_BYTES = 331_711_000
@@ -161,9 +161,17 @@ class VllmBackend(DynamoGpuBackend):
         return super().prepare_model(folder)
 
     def prompt(self, tokens: int, api: str, variant: int = 0) -> str:
-        if self.builds_model:  # one word a token, and no chat template around it
-            return word_tokenizer.prompt(tokens, variant)
+        if self.builds_model:  # the anchor, then one word a token (the rule's markers: chat)
+            return f"t{rule.ANCHOR} " + word_tokenizer.prompt(tokens - 1, variant)
         return super().prompt(tokens, api, variant)
+
+    def reference(self, api: str, shape) -> str | None:
+        """The built-in model's output by its rule (handoff_vllm.rule), computed here."""
+        if not self.builds_model:
+            return None
+        context = rule.context_of(shape.prompt, api)
+        # Dynamo's detokenizer gives every word of the output with its leading space.
+        return "".join(f" {w}" for w in rule.words(rule.continuation(context, shape.max_tokens)))
 
     def output_tokens(self, text: str) -> int | None:
         return word_tokenizer.count(text) if self.builds_model else None
@@ -172,7 +180,7 @@ class VllmBackend(DynamoGpuBackend):
         if not self.on_cpu:
             return super().markers(case)
         timeout = self.setting("case_timeout_s") or cpu.TIMEOUTS[case.topology]
-        return {"timeout": float(timeout), self.kv_cap[0]: cpu.KV_CACHE_BYTES}
+        return {TIMEOUT_MARKER: float(timeout), self.kv_cap[0]: cpu.KV_CACHE_BYTES}
 
     def engine_argv(
         self, role: str, model: Model, ports: Mapping[str, int], folder: Path

@@ -1,0 +1,79 @@
+"""The built-in model's weights compute its rule (handoff_vllm.rule), run by transformers, an
+implementation that is neither vLLM nor handoff: on every pre-merge request shape, and on the
+contexts a migration can get wrong. A context that lost its prompt or one generated token is
+what Dynamo's frontend cannot be made to send on purpose, so it is shown here, offline: the
+weights continue it differently, and the verdict's continuity check fails it against the
+reference, naming the token."""
+
+from __future__ import annotations
+
+import pytest
+from wrong_contexts import WITHIN, perturbed, pre_merge_requests
+
+from handoff import continuity, word_tokenizer
+from handoff.client import Chunk, Response
+from handoff_vllm import rule, tiny_model
+
+
+@pytest.fixture(scope="module")
+def weights():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.ensure(), dtype=torch.float32)
+    return model.eval()
+
+
+def greedy(model, context: list[int], count: int) -> list[int]:
+    import torch
+
+    out, ids, past = [], torch.tensor([context]), None
+    with torch.no_grad():
+        for _ in range(count):
+            step = model(ids, past_key_values=past, use_cache=True)
+            past, token = step.past_key_values, int(step.logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
+
+
+@pytest.fixture(scope="module")
+def requests_(vllm_cpu):
+    return pre_merge_requests(vllm_cpu)
+
+
+def as_stream(tokens: list[int]) -> Response:
+    """A completed stream of these tokens, a word a frame, as the client would read it."""
+    frames = [Chunk(i, {"id": "x", "choices": [{"text": f" t{t}"}]}) for i, t in enumerate(tokens)]
+    frames[-1].data["choices"][0]["finish_reason"] = "length"
+    return Response(status=200, chunks=frames, done=True, streamed=True)
+
+
+def test_the_weights_give_the_rule_on_every_pre_merge_request(weights, requests_):
+    for name, context, output in requests_:
+        assert greedy(weights, context, 64) == output[:64], name
+
+
+def test_a_wrong_context_continues_off_the_reference_and_fails_the_case(weights, requests_):
+    for name, context, output in requests_:
+        api = name.partition("/")[2]
+        for cut in (WITHIN, len(output) - WITHIN):
+            expected = output[cut : cut + WITHIN]
+            assert greedy(weights, context + output[:cut], WITHIN) == expected, name
+            for how, wrong in perturbed(context, output, cut, cut // 2, api):
+                got = greedy(weights, wrong, WITHIN)
+                assert got == rule.continuation(wrong, WITHIN), f"{name}, {how}"
+                assert got != expected, f"{name}, {how}, cut {cut}"
+                first = next(
+                    i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b
+                )
+                reference = "".join(f" t{t}" for t in output[: cut + WITHIN])
+                kept = continuity.check(
+                    as_stream(output[:cut] + got),
+                    cut + WITHIN,
+                    word_tokenizer.count,
+                    baseline=reference,
+                    compared_with="the reference",
+                )
+                departs = f"departs from the reference at token {cut + first + 1} "
+                assert any(departs in p for p in kept.problems), f"{name}, {how}: {kept}"
