@@ -22,7 +22,7 @@ def test_cases_lists_every_topology_with_its_promise():
     lines = result.stdout.splitlines()
     cases = [line.split() for line in lines if not line.startswith("#")]
     assert [c[0] for c in cases] == [c.id for t in TOPOLOGIES for c in selection(t, "pre_merge")]
-    assert all(c[1:] == ["pre_merge", "timeout=90"] for c in cases)
+    assert all(c[1:] == ["pre_merge", "handoff_timeout=90"] for c in cases)
     headers = [line for line in lines if line.startswith("#")]
     assert headers[0] == (
         "# aggregate pre_merge: 8 of 64 rows; every pair over policy, fault, api, response, "

@@ -47,6 +47,9 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
     [
         (("-m", "pre_merge and mocker"), 18),
         (("-m", "nightly"), 0),
+        # The deadline's own marker; `timeout` is pytest-timeout's, which would enforce it.
+        (("-m", "handoff_timeout"), 18),
+        (("-m", "timeout"), 0),
         (("-k", "aggregate and nats"), 4),
         (("-k", "aggregate and migration_disabled and unary"), 1),
         (("--handoff-topology", "decode"), 4),

@@ -357,12 +357,12 @@ def test_markers_are_the_seeds_unless_the_team_sets_a_timeout(name):
     for topology in GPU_TOPOLOGIES:
         markers = backend.markers(first_case(backend, topology))
         assert markers == {
-            "timeout": timeouts[topology],
+            "handoff_timeout": timeouts[topology],
             "profiled_vram_gib": vram[topology],
             cap_name: cap,
         }
     team = configured(BACKENDS[name], case_timeout_s=900)
-    assert team.markers(first_case(team, "decode"))["timeout"] == 900
+    assert team.markers(first_case(team, "decode"))["handoff_timeout"] == 900
 
 
 @pytest.mark.parametrize("name", BACKENDS)

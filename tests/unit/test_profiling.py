@@ -103,7 +103,7 @@ def test_the_timeout_is_a_multiple_of_the_wall_time_rounded_up_to_ten_seconds():
 
 def test_marker_text_to_paste():
     assert profiling.marker_lines("decode/x", 6.9, 60) == [
-        "markers for decode/x: profiled_vram_gib(6.9) timeout(60)",
+        "markers for decode/x: profiled_vram_gib(6.9) handoff_timeout(60)",
         "    in the backend: profiled_vram_gib['decode'] = 6.9, timeouts['decode'] = 60",
     ]
 
@@ -168,7 +168,7 @@ def test_profile_prints_the_report_the_markers_and_draws_the_plot(tmp_path, monk
     assert f"{case.key}: PASS in 9.5 s" in out
     assert "leak +1,024 MiB  LEAK" in out
     assert "pid 4242     worker-1-decode        peak 6,144 MiB" in out
-    assert f"markers for {case.key}: profiled_vram_gib(6) timeout(30)" in out
+    assert f"markers for {case.key}: profiled_vram_gib(6) handoff_timeout(30)" in out
     (picture,) = tmp_path.glob(f"*/{case.topology}/{case.id}/vram.png")
     png_rows(picture.read_bytes())
     assert f"plot: {picture.relative_to(tmp_path)}" in out or f"plot: {picture}" in out

@@ -34,7 +34,8 @@ class FakeGpuBackend(MockerBackend):
         pass
 
     def markers(self, case):
-        return {"timeout": TIMEOUTS[case.topology], "profiled_vram_gib": VRAM[case.topology]}
+        topology = case.topology
+        return {"handoff_timeout": TIMEOUTS[topology], "profiled_vram_gib": VRAM[topology]}
 
 
 @pytest.fixture

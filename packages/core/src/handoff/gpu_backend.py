@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from handoff.backend import Backend, Launch, Model, Shape
+from handoff.backend import TIMEOUT_MARKER, Backend, Launch, Model, Shape
 from handoff.cases import Case
 from handoff.errors import HandoffError
 from handoff.machine.environment import require_engine
@@ -164,7 +164,7 @@ class DynamoGpuBackend(Backend):
         timeout = self.setting("case_timeout_s") or self.timeouts[case.topology]
         name, cap = self.kv_cap
         return {
-            "timeout": float(timeout),
+            TIMEOUT_MARKER: float(timeout),
             "profiled_vram_gib": self.profiled_vram_gib[case.topology],
             name: cap,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from handoff.backend import TIMEOUT_MARKER
 from handoff.runner import run_case
 from handoff.runs import results
 
@@ -12,7 +13,7 @@ from handoff.runs import results
 def test_migration(
     handoff_case, handoff_backend, handoff_settings, handoff_run_dir, handoff_pools, request
 ):
-    timeout_s = request.node.get_closest_marker("timeout").args[0]
+    timeout_s = request.node.get_closest_marker(TIMEOUT_MARKER).args[0]
     folder = handoff_run_dir / handoff_case.topology / handoff_case.id
     result = run_case(
         handoff_backend, handoff_case, folder, handoff_settings, timeout_s, pools=handoff_pools

@@ -9,7 +9,7 @@ case really uses, measured with NVML, and the markers that follow from it.
   process's peak where NVML tells it.
 - Markers to paste: `profiled_vram_gib` = the largest peak above baseline of any GPU, rounded up
   to 0.1 GiB: the whole deployment, CUDA contexts included, which is what the VRAM ledger
-  budgets; `timeout` = TIMEOUT_FACTOR times the measured wall time, rounded up to 10 s.
+  budgets; `handoff_timeout` = TIMEOUT_FACTOR times the measured wall time, rounded up to 10 s.
 - The plot (`vram.png` in the case folder, written by `handoff.sharing.plot` with the standard
   library): GiB above baseline over the seconds since the case started, with the case history's
   fault (`fault_sent`), migration (`migration_seen`) and completion (`response_finished`).
@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from handoff.backend import TIMEOUT_MARKER
 from handoff.errors import HandoffError
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.sharing.nvml import GIB, MIB, GpuUnavailable, Nvml, open_nvml
@@ -209,7 +210,7 @@ def report_lines(
 
 def marker_lines(key: str, vram_gib: float, timeout_s: float) -> list[str]:
     return [
-        f"markers for {key}: profiled_vram_gib({vram_gib:g}) timeout({timeout_s:g})",
+        f"markers for {key}: profiled_vram_gib({vram_gib:g}) {TIMEOUT_MARKER}({timeout_s:g})",
         f"    in the backend: profiled_vram_gib[{key.split('/')[0]!r}] = {vram_gib:g}, "
         f"timeouts[{key.split('/')[0]!r}] = {timeout_s:g}",
     ]
@@ -291,7 +292,7 @@ def profile_cases(nvml: Nvml, args: argparse.Namespace) -> int:
     for case in chosen:
         folder = run_dir / case.topology / case.id
         sampler = Sampler(nvml).start()
-        result = run_case(backend, case, folder, settings, backend.markers(case)["timeout"])
+        result = run_case(backend, case, folder, settings, backend.markers(case)[TIMEOUT_MARKER])
         sampler.settle(leak_bytes, Deadline(SETTLE_S))
         samples = sampler.stop()
         profiles = profile(samples)

@@ -11,11 +11,11 @@
   is cut the same way (xdist counts physical cores, blind to masks and quotas).
   HANDOFF_CPU_SLOTS=N allows N workers on purpose.
 - Order: the cases of one pool of workers (`handoff.pool`, their `xdist_group`) run one after
-  another, pools longest first by their longest case's `timeout` marker, then in the order of
-  their first case (a stable sort otherwise; without pools each case is a pool of its own, so
-  the cases start longest first). With pools xdist runs
-  `--dist loadgroup`, so each pool's cases go to one xdist worker; without pools it hands each
-  worker a few items at a time, and the start order is longest first up to those chunks.
+  another, pools longest first by their longest case's `handoff_timeout` marker, then in the
+  order of their first case (a stable sort otherwise; without pools each case is a pool of its
+  own, so the cases start longest first). With pools xdist runs `--dist loadgroup`, so each
+  pool's cases go to one xdist worker; without pools it hands each worker a few items at a
+  time, and the start order is longest first up to those chunks.
 - GPU memory: a case with `profiled_vram_gib` above 0 (or `whole_gpu`) takes a reservation from
   the machine-wide ledger before it starts, waiting until a GPU has room under
   `--max-vram-gib` (per GPU; default: the GPU's total) and under what NVML shows other processes
@@ -38,6 +38,7 @@ import os
 
 import pytest
 
+from handoff.backend import TIMEOUT_MARKER
 from handoff.errors import HandoffError
 from handoff.polling import Deadline, Timeout
 from handoff.sharing.cpus import cpu_slots
@@ -72,7 +73,7 @@ def demand(item: pytest.Item) -> Demand:
     return Demand(
         key=item.callspec.id if hasattr(item, "callspec") else item.nodeid,
         vram_gib=value("profiled_vram_gib"),
-        timeout_s=value("timeout"),
+        timeout_s=value(TIMEOUT_MARKER),
         whole_gpu=bool(value("whole_gpu")),
     )
 
