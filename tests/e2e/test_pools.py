@@ -5,15 +5,22 @@ removed (and a case would fail on them), and a failed case takes its pool down w
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
+from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from handoff import pool as pool_module
 from handoff.cases import Case
+from handoff.client import InFlight
+from handoff.machine import registrations
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES
+from handoff.polling import Deadline, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
@@ -42,7 +49,46 @@ def removed(result) -> list[str]:
     return next(e.data for e in result.history.events if e.name == "teardown_done")["removed"]
 
 
-def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pools, tmp_path):
+@pytest.fixture
+def health_seen(monkeypatch) -> dict[Path, tuple[set[int], list[tuple[float, set[int]]]]]:
+    """Each case's frontend's /health, read over and over from the moment the case is ready
+    until its teardown begins: case folder -> (the drawn workers' instance ids, and per read
+    the monotonic time and the ids listed). A read that fails ends that case's reads early,
+    which the test's check of their span then sees."""
+    seen: dict[Path, tuple[set[int], list[tuple[float, set[int]]]]] = {}
+    watching: dict[Path, tuple[threading.Event, threading.Thread]] = {}
+    start, stop = Deployment.start, Deployment.stop
+
+    def watched_start(self, deadline):
+        start(self, deadline)
+        reads: list[tuple[float, set[int]]] = []
+        seen[self.folder] = (set().union(*self.expected_instances().values()), reads)
+        done = threading.Event()
+
+        def read():
+            health = requests.get(self.base_url + "/health", timeout=2).json()
+            reads.append((time.monotonic(), {i["instance_id"] for i in health["instances"]}))
+            return (True if done.is_set() else None), reads[-1]
+
+        thread = threading.Thread(target=poll_until, args=(read, Deadline(60), "the teardown"))
+        thread.start()
+        watching[self.folder] = (done, thread)
+
+    def watched_stop(self):
+        if self.folder in watching:
+            done, thread = watching.pop(self.folder)
+            done.set()
+            thread.join()
+        return stop(self)
+
+    monkeypatch.setattr(Deployment, "start", watched_start)
+    monkeypatch.setattr(Deployment, "stop", watched_stop)
+    return seen
+
+
+def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(
+    pools, tmp_path, health_seen
+):
     backend = MockerBackend()
     first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
     assert first.verdict.passed, first.verdict.reasons
@@ -54,11 +100,25 @@ def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(pool
         e.at for e in first.history.events if e.name == "request_sent"
     )
     assert spare.process.started_at < request_at  # running all through the first case,
-    listed = [e.data for e in first.history.events if e.name == "frontend_listed"]
-    assert listed[-1]["backend/generate"] == 2  # and never listed by its frontend
     faulted = next(e.data["worker"] for e in first.history.events if e.name == "fault_sent")
     at = {e.name: e.at for e in first.history.events}  # the successor started at the fault
     assert at["worker_gone"] <= at["successor_started"] < at["teardown_done"]
+    # and neither it nor the successor, both registered, was ever listed by the case's
+    # frontend, read from ready to teardown.
+    (successor,) = [w for w in pool.spares if w is not spare]
+
+    def registered():
+        ids = [registrations.instance_ids(pool.own_store[w.name], w.ports["system"])
+               for w in (spare, successor)]  # fmt: skip
+        return (set().union(*ids) if all(ids) else None), ids
+
+    unseen = poll_until(registered, Deadline(10), "the spare and the successor to register")
+    drawn, reads = health_seen[tmp_path / "first"]
+    assert not drawn & unseen, (drawn, unseen)
+    assert set().union(*(ids for _, ids in reads)) == drawn, reads
+    # From before the request to after the counters' last reading, which ends the case.
+    last = first.history.started + at["metrics_reread"]
+    assert reads[0][0] <= request_at and reads[-1][0] >= last, (reads[0][0], reads[-1][0])
     assert any(entry.startswith("v1/instances/") for entry in removed(first))
 
     second = run_case(backend, SECOND, tmp_path / "second", SETTINGS, 60, pools=pools)
@@ -114,6 +174,30 @@ def test_a_pool_without_spares_starts_the_successor_after_the_case(pools, tmp_pa
     second = run_case(backend, SECOND, tmp_path / "second", SETTINGS, 60, pools=pools)
     assert second.verdict.passed, second.verdict.reasons
     assert successor.name in ready(second)["workers"]
+
+
+def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, monkeypatch):
+    """The mocker reports a prefix it already holds as `cached_tokens` in the usage, in whole
+    64-token blocks (768 of the second case's tokens when it reuses the first's prompt). Two
+    kv_transfer cases of one pool send their 823-token prompts through the one prefill worker
+    of the pool: the second finds nothing of the first's cached."""
+    sent: list[InFlight] = []
+
+    class Recorded(InFlight):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            sent.append(self)
+
+    monkeypatch.setattr("handoff.runner.InFlight", Recorded)
+    cases = [Case.from_id(f"worker_failure-{api}-tcp", "kv_transfer")
+             for api in ("chat-stream", "completion-unary")]  # fmt: skip
+    results = [run_case(MockerBackend(), c, tmp_path / str(n), SETTINGS, 60, pools=pools)
+               for n, c in enumerate(cases)]  # fmt: skip
+    assert all(r.verdict.passed for r in results), [r.verdict.reasons for r in results]
+    assert ready(results[1])["pool"] == ready(results[0])["pool"]
+    assert ready(results[1])["cases_before"] == 1
+    usages = [inflight.response.usage for inflight in sent]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0], usages
 
 
 def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):
