@@ -2,10 +2,15 @@
 and the preflight checks, each run for real (this machine and CI have no GPU)."""
 
 import itertools
+import json
+import os
 import re
 import shlex
 import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +28,11 @@ from handoff.commands.container import (
     main,
 )
 from handoff.errors import HandoffError
+from handoff.machine import ownership
 from handoff.machine.environment import gpu_count
+from handoff.machine.ports import LEASE_DIR_ENV, PortLeases
+from handoff.machine.shared import shared_folders
+from handoff.polling import Deadline, poll_until
 
 RUN = Run(
     backend="vllm",
@@ -95,6 +104,86 @@ def test_a_logs_folder_outside_the_repository_is_mounted_and_handed_back():
     assert "/tmp/runs" in handback_command(apart, uid=1000, gid=1000)
     inside = docker_command(RUN, environ={})
     assert [a for a in inside if a.startswith("/tmp/runs")] == []
+
+
+def test_the_shared_folders_are_mounted_at_their_paths_named_by_their_variables_handed_back():
+    shared = replace(
+        RUN, shared=(("HANDOFF_PORT_LEASES", Path("/tmp/ports")), ("HANDOFF_STATE_DIR", Path("/s")))
+    )
+    command = docker_command(shared, environ={})
+    pairs = option_pairs(command[: command.index(RUN.image)])
+    for folder, name in (("/tmp/ports", "HANDOFF_PORT_LEASES"), ("/s", "HANDOFF_STATE_DIR")):
+        assert ("-v", f"{folder}:{folder}") in pairs and ("-e", f"{name}={folder}") in pairs
+    assert {"/tmp/ports", "/s"} <= set(handback_command(shared, uid=1000, gid=1000))
+    # One folder named by both variables is mounted once: docker refuses a duplicate target.
+    same = replace(RUN, shared=(("A", Path("/tmp/h")), ("B", Path("/tmp/h"))))
+    assert docker_command(same, environ={}).count("/tmp/h:/tmp/h") == 1
+
+
+#: The container's run on the machine's shared state, with the environment and folders that
+#: `docker run` gives it: it leases its port and records a process as started, tries to lease
+#: the port the host's run holds, says what it found, and holds on until told to stop.
+CONTAINER_RUN = """
+import os, sys
+from pathlib import Path
+from handoff.errors import HandoffError
+from handoff.machine import ownership
+from handoff.machine.ports import PortLeases
+from handoff.polling import Deadline, poll_until
+mine, hosts, talk = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+PortLeases(range(mine, mine + 1)).take()
+ownership.record(os.getpid(), "worker-in-container")
+try:
+    PortLeases(range(hosts, hosts + 1)).take()
+    saw = "leased the host's port"
+except HandoffError:
+    saw = "the host's port is leased"
+(talk / "said").write_text(saw)
+stop = talk / "stop"
+poll_until(lambda: (True if stop.exists() else None, "no stop file"), Deadline(60), "stop")
+ownership.forget(os.getpid())
+"""
+
+
+def test_a_container_run_and_a_host_run_see_each_others_leases_and_records(tmp_path, monkeypatch):
+    """The container's run (a process given the docker command's variables, the mounted
+    folders being the same paths, and a temporary folder of its own) and this host's run, each
+    on its default folders, share one lease folder and one record folder: neither leases the
+    port the other holds, and the host sees the container's record."""
+    for name in (LEASE_DIR_ENV, ownership.STATE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for side in ("host-tmp", "container-tmp", "talk"):
+        (tmp_path / side).mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "host-tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    command = docker_command(replace(RUN, shared=tuple(shared_folders().items())), environ={})
+    pairs = option_pairs(command[: command.index(RUN.image)])
+    given = dict(v.split("=", 1) for k, v in pairs if k == "-e" and v.startswith("HANDOFF_"))
+    assert set(given) == {LEASE_DIR_ENV, ownership.STATE_ENV}
+    assert all(("-v", f"{path}:{path}") in pairs for path in given.values())  # same path inside
+    inside = {**os.environ, "TMPDIR": str(tmp_path / "container-tmp"), **given}
+    host, probe = PortLeases(), PortLeases()
+    hosts, theirs = host.take(), probe.take()
+    probe.release()  # free for the container's run to lease
+    talk = tmp_path / "talk"
+    argv = [sys.executable, "-c", CONTAINER_RUN, str(theirs), str(hosts), str(talk)]
+    process = subprocess.Popen(argv, env=inside)
+    try:
+        said = talk / "said"
+        poll_until(
+            lambda: (said.read_text() if said.exists() else None, f"exit {process.poll()}"),
+            Deadline(30), "the container's run to say what it found",
+        )  # fmt: skip
+        assert said.read_text() == "the host's port is leased"
+        with pytest.raises(HandoffError, match=f"no free loopback port in {theirs}-{theirs}"):
+            PortLeases(range(theirs, theirs + 1)).take()
+        record = json.loads((ownership.records_dir() / f"{process.pid}.json").read_text())
+        assert record["name"] == "worker-in-container" and record["owner"] == process.pid
+    finally:
+        (talk / "stop").touch()
+        process.wait(30)
+        host.release()
+    assert process.returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -307,6 +396,9 @@ def test_dry_run_prints_the_command_from_the_team_settings(
 ):
     monkeypatch.chdir(team_repo / "packages")  # found upward, like pytest's rootdir
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker: a dry run must not need it
+    leases, records = tmp_path / "leases", tmp_path / "records"
+    monkeypatch.setenv(LEASE_DIR_ENV, str(leases))
+    monkeypatch.setenv(ownership.STATE_ENV, str(records))
     assert main(["--backend", "vllm", "--dry-run", "--", "-k", "a b", "-x"]) == 0
     out, err = capsys.readouterr()
     repo, cache = team_repo, tmp_path / "home" / "hf"
@@ -315,13 +407,15 @@ def test_dry_run_prints_the_command_from_the_team_settings(
     assert out == (
         f"docker run --rm --name {name} --label handoff.run={name} "
         f"--gpus all --network host --pid host --ipc host -v {repo}:{repo} "
+        f"-v {leases}:{leases} -v {records}:{records} "
         f"-w {repo} -v {cache}:/root/.cache/huggingface -e HF_HOME=/root/.cache/huggingface "
         "-e PYTHONUNBUFFERED=1 -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e PIP_ROOT_USER_ACTION=ignore "
+        f"-e HANDOFF_PORT_LEASES={leases} -e HANDOFF_STATE_DIR={records} "
         "team/vllm:1 bash -c 'python -m pip install -q -e packages/core -e packages/vllm_backend"
         " && exec python -m pytest --pyargs handoff.qualification --handoff-backend vllm -k "
         "'\"'\"'a b'\"'\"' -x'\n"
     )
-    assert not cache.exists()  # a dry run creates nothing
+    assert not cache.exists() and not leases.exists() and not records.exists()  # creates nothing
 
 
 def test_dry_run_takes_the_environment_over_settings_and_the_flag_over_both(

@@ -74,6 +74,8 @@ def test_competing_processes_share_the_budget_and_never_exceed_it(tmp_path):
         assert not running["three"][1].with_suffix(".held").exists()
         running["six"][1].with_suffix(".release").touch()
         held_becomes(["four", "three"])
+        seen_by_three = running["three"][1].with_suffix(".held")  # what it saw, before any goes
+        poll_until(lambda: (seen_by_three.exists() or None, "not yet"), Deadline(60), "three")
         for _, log in running.values():
             log.with_suffix(".release").touch()
         held_becomes([])

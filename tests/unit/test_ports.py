@@ -1,8 +1,12 @@
 """Port leases: unique, respected across processes, and a clear error when none is left."""
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +70,35 @@ fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
 signal.pause()
 """
+
+
+#: A host user's run (imports done as root: the interpreter may be root's alone): leases the
+#: one port it is given, from the lease folder it is given.
+LEASE_AS = """
+import os, sys
+from handoff.machine.ports import PortLeases
+os.setgid(65534)
+os.setuid(65534)
+os.environ["HANDOFF_PORT_LEASES"] = sys.argv[1]
+port = int(sys.argv[2])
+print(PortLeases(range(port, port + 1)).take())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's lock file needs root")
+def test_a_host_user_leases_a_port_whose_lock_file_root_made(monkeypatch):
+    """A container run (root) and a host run (a user) share the lease folder: a lock file the
+    container made, root's and not writable by others, still locks for the user."""
+    shared = Path(tempfile.mkdtemp(prefix="handoff-ports-"))  # a folder the user can reach
+    try:
+        shared.chmod(0o777)
+        monkeypatch.setenv(LEASE_DIR_ENV, str(shared))
+        leases = PortLeases()
+        port = leases.take()  # the lock file made by root, as in a container
+        leases.release()
+        (shared / f"{port}.lock").chmod(0o644)
+        argv = [sys.executable, "-c", LEASE_AS, str(shared), str(port)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout.strip()) == (0, str(port)), done.stderr
+    finally:
+        shutil.rmtree(shared)

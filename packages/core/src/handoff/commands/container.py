@@ -30,6 +30,13 @@ name (`docker ps -a --filter label=handoff.run` lists them). docker runs in a se
 own: Ctrl-C or SIGTERM of this command is passed to it once, and it passes it on to pytest,
 which tears its case down and exits; a container still running STOP_TIMEOUT_S later is killed.
 
+The container shares the host's network and pids, so it shares the machine's handoff state
+too (handoff.machine.shared): the port leases with the VRAM ledger beside them, and the records
+of started processes, each folder mounted at its own path and named by its variable. A
+container run and a host run (or two container runs) then lease distinct ports, place on GPUs
+through one ledger and reap each other's orphans. Lock files are opened read-only, so a host
+user can lock one that root made inside.
+
 Whether the image holds the engine is not probed here: at pytest collection inside the
 container the backend's own environment check fails with one line naming what is missing, and
 pytest exits non-zero, which becomes this command's exit status.
@@ -39,8 +46,8 @@ image's root-owned Python; engines write caches under /root). Files it writes in
 repository and model cache are therefore root-owned on the host, which would break later host
 runs (`.handoff/runs` not writable) and CI checkouts. So, unless the host user is root or the
 docker engine is rootless or remaps user namespaces (then files already map to the host user),
-a second short container hands back what root owns under `.handoff`, `packages` and the model
-cache to the host user after the suite, whatever its outcome.
+a second short container hands back what root owns under `.handoff`, `packages`, the shared
+folders and the model cache to the host user after the suite, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from pathlib import Path
 
 from handoff.errors import HandoffError
 from handoff.machine.environment import gpu_count, require_binary
+from handoff.machine.shared import shared_folders
 from handoff.plugins import configured_backend, installed_backends
 from handoff.polling import Deadline
 from handoff.settings import Configuration, find_repository, repository_backends, resolve
@@ -108,11 +116,17 @@ class Run:
     #: The run folders' parent (--handoff-logs) when it lies outside the repository: mounted
     #: at the same path, so that the run is on the host afterwards.
     logs: Path | None = None
+    #: The machine's shared folders by their variables (handoff.machine.shared): mounted at the
+    #: same paths and named by the same variables, so the container's runs and the host's
+    #: lease distinct ports, share one VRAM ledger and reap each other's orphans.
+    shared: tuple[tuple[str, Path], ...] = ()
 
     @property
     def mounts(self) -> list[str]:
-        """Host folders mounted at their own path: the repository, and the logs if apart."""
-        return [str(self.repo)] + ([str(self.logs)] if self.logs else [])
+        """Host folders mounted at their own path: the repository, the logs if apart, and the
+        shared folders."""
+        folders = [self.repo, *([self.logs] if self.logs else []), *(p for _, p in self.shared)]
+        return list(dict.fromkeys(str(f) for f in folders))
 
     @property
     def mount_flags(self) -> list[str]:
@@ -235,6 +249,8 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
     ]  # fmt: skip
     for pair in FIXED_ENV:
         command += ["-e", pair]
+    for name, path in run.shared:
+        command += ["-e", f"{name}={path}"]
     for name in PASS_VALUES:
         if name in environ:
             command += ["-e", f"{name}={environ[name]}"]
@@ -469,7 +485,8 @@ def plan(args: argparse.Namespace, pytest_args: Sequence[str], cwd: Path) -> Run
     gpus = needs_gpu(backend, pytest_args, repo)
     pytest_args, logs = absolute_logs(pytest_args, cwd)
     apart = logs if logs and not logs.is_relative_to(repo) else None
-    return Run(backend, image, repo, cache, tuple(pytest_args), gpus, name, apart)
+    shared = tuple(shared_folders().items())
+    return Run(backend, image, repo, cache, tuple(pytest_args), gpus, name, apart, shared)
 
 
 def option_value(pytest_args: Sequence[str], option: str) -> tuple[int, str] | None:
@@ -526,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             (run.repo / ".handoff").mkdir(exist_ok=True)
             if run.logs:
                 run.logs.mkdir(parents=True, exist_ok=True)
+            for _, folder in run.shared:
+                folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise HandoffError(f"cannot create {exc.filename}: {exc.strerror}") from None
     except HandoffError as exc:

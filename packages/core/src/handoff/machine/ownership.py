@@ -34,8 +34,14 @@ def mark() -> str:
     return os.environ.get(MARK_ENV) or str(os.getpid())
 
 
+def records_path() -> Path:
+    """HANDOFF_STATE_DIR, else handoff-processes in the temporary folder; `records_dir` makes
+    it."""
+    return Path(os.environ.get(STATE_ENV) or Path(tempfile.gettempdir(), "handoff-processes"))
+
+
 def records_dir() -> Path:
-    folder = Path(os.environ.get(STATE_ENV) or Path(tempfile.gettempdir(), "handoff-processes"))
+    folder = records_path()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

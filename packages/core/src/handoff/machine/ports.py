@@ -1,7 +1,8 @@
 """Free loopback ports, leased so that concurrent runs and pytest workers never share one.
 
 A lease is an exclusive flock on a per-port file in a shared folder: the kernel drops it when
-the holder exits, even by SIGKILL, so a crashed run never leaves a port reserved.
+the holder exits, even by SIGKILL, so a crashed run never leaves a port reserved. The folder is
+one of the machine's shared ones (handoff.machine.shared): a container run sees the same.
 """
 
 from __future__ import annotations
@@ -43,8 +44,14 @@ def port_range() -> range:
     return range(first, last + 1)
 
 
+def lease_path() -> Path:
+    """Where the leases are (and the VRAM ledger beside them): HANDOFF_PORT_LEASES, else
+    handoff-ports in the temporary folder. Not made here: `lease_dir` makes it."""
+    return Path(os.environ.get(LEASE_DIR_ENV) or Path(tempfile.gettempdir(), "handoff-ports"))
+
+
 def lease_dir() -> Path:
-    folder = Path(os.environ.get(LEASE_DIR_ENV) or Path(tempfile.gettempdir(), "handoff-ports"))
+    folder = lease_path()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -92,7 +99,9 @@ class PortLeases:
             port = self.port_range[(start + i) % len(self.port_range)]
             if port in self._held:
                 continue
-            fd = os.open(folder / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            # Read-only is enough to lock, and opens a lock file that root made (a container
+            # run shares this folder) for a host user too.
+            fd = os.open(folder / f"{port}.lock", os.O_CREAT | os.O_RDONLY, 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -101,7 +101,8 @@ class GpuLedger:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.folder / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o666)
+        # Read-only: enough to lock, and opens the file whoever made it (root in a container).
+        fd = os.open(self.folder / LOCK_FILE, os.O_CREAT | os.O_RDONLY, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
