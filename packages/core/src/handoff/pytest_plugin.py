@@ -18,7 +18,7 @@ from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
 from handoff.machine import ownership
-from handoff.machine.environment import handoff_command
+from handoff.machine.environment import find_nats_server, handoff_command
 from handoff.plugins import configured_backend
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings
@@ -244,12 +244,16 @@ def chosen_backend(config: pytest.Config) -> Backend:
 
 def case_params(config: pytest.Config) -> list:
     """The chosen selection as pytest params, marked with selection, backend and the backend's
-    markers (timeout, VRAM, KV cap). Fails at once when the engine cannot run here."""
+    markers (timeout, VRAM, KV cap). Fails at once when the engine, or the nats-server the
+    nats plane's cases need, is not here."""
     backend = chosen_backend(config)
     backend.check_environment()
     chosen = config.getoption("handoff_selection")
+    cases = selected_cases(config, backend)
+    if any(case.plane == "nats" for case in cases):
+        find_nats_server()
     params = []
-    for case in selected_cases(config, backend):
+    for case in cases:
         marks = [getattr(pytest.mark, chosen), getattr(pytest.mark, backend.name)]
         if not backend.setting("fresh_deployments"):
             key = PoolKey.of(backend, case, backend.roles(case.topology))

