@@ -3,6 +3,7 @@ instances, a spare nobody sees takes the faulted worker's place, a dead worker's
 removed (and a case would fail on them), and a failed case takes its pool down with its logs."""
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,13 +15,15 @@ import psutil
 import pytest
 import requests
 
+from handoff import faults
 from handoff import pool as pool_module
 from handoff.cases import Case
-from handoff.client import InFlight
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
 from handoff.machine import registrations
 from handoff.machine.ports import bindable
-from handoff.policies import POLICIES
-from handoff.polling import Deadline, poll_until
+from handoff.policies import POLICIES, policy
+from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
@@ -32,6 +35,8 @@ SETTINGS = Settings(keep_logs=True)
 #: Two cases of one pool: mocker aggregate workers on the TCP plane.
 FIRST = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 SECOND = Case.from_id("migration_disabled-worker_failure-chat-unary-tcp")
+#: A case of that key whose request outlasts a few draws: 600 tokens.
+LONG = Case.from_id("migration_enabled-graceful_shutdown-chat-stream-tcp")
 
 
 @pytest.fixture
@@ -198,6 +203,39 @@ def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, mo
     assert ready(results[1])["cases_before"] == 1
     usages = [inflight.response.usage for inflight in sent]
     assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0], usages
+
+
+def test_a_draw_refuses_a_busy_worker_and_a_silent_one_until_both_are_idle(pools, tmp_path):
+    """A pool hands out only workers known to be idle: one that holds a request, and one
+    stopped (SIGSTOP) so that it cannot say, are refused by name; once both answer idle, the
+    draw hands them out."""
+    backend, case = MockerBackend(), LONG
+    roles = backend.roles(case.topology)
+    pool = pools.pool_for(backend, case, roles)
+    deployment = Deployment(backend, case, tmp_path, policy(case.policy), roles, pool)
+    try:
+        deployment.start(Deadline(60))
+        shape = backend.shape(case)
+        request = Request(case.api, True, deployment.model.name, shape.prompt, shape.max_tokens)
+        inflight = InFlight(deployment.base_url, request, read_timeout_s=60)
+        holder = faults.find_holder(backend, deployment.workers, inflight, Deadline(30))
+        (idle,) = [w for w in deployment.workers if w is not holder]
+        with pytest.raises(Timeout, match=f"idle; last seen: {holder.name} holds a request$"):
+            pool.draw(case, Deadline(0))
+        idle.process.signal_tree(signal.SIGSTOP)
+        try:
+            with pytest.raises(Timeout, match=rf"from {idle.name} \(port \d+: ReadTimeout\)"):
+                pool.draw(case, Deadline(0))
+        finally:
+            idle.process.signal_tree(signal.SIGCONT)
+        poll_until(
+            lambda: (True if inflight.finished else None, inflight.response.summary()),
+            Deadline(30),
+            "the response to end",
+        )
+        assert pool.draw(case, Deadline(10)) == deployment.workers
+    finally:
+        assert deployment.stop() == []
 
 
 def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):

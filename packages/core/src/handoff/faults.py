@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from handoff.backend import Backend, Worker
 from handoff.client import InFlight
 from handoff.errors import CaseFailure
+from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
 
 HOLDER_TIMEOUT_S = 30.0
@@ -33,7 +34,8 @@ class FaultReport:
 def find_holder(
     backend: Backend, workers: list[Worker], inflight: InFlight, deadline: Deadline
 ) -> Worker:
-    """The one worker that reports the request in flight, by its own state; never a guess."""
+    """The one worker that reports the request in flight, by its own state; never a guess: while
+    any worker does not answer, another may hold it too, so the search goes on."""
 
     def probe() -> tuple[Worker | None, str]:
         if inflight.finished:
@@ -42,7 +44,10 @@ def find_holder(
                 f"in flight: "
                 f"{inflight.response.summary()}"
             )
-        holders = backend.holders(workers)
+        try:
+            holders = backend.holders(workers)
+        except Unanswered as exc:
+            return None, str(exc)
         if len(holders) > 1:
             names = ", ".join(w.name for w in holders)
             raise CaseFailure(f"more than one worker reports a request in flight: {names}")
@@ -64,7 +69,8 @@ def prove_in_flight(
     """Fail the case unless the request is provably in its fault window on `holder`, say how.
 
     "decoding": wait until `tokens_needed` tokens are out while the response is open.
-    "prefill": no token may be out yet. Either way `holder` must still report the request.
+    "prefill": no token may be out yet. Either way `holder` must still report the request
+    (asked until it answers).
     """
 
     def probe() -> tuple[int | None, str]:
@@ -85,7 +91,11 @@ def prove_in_flight(
             )
     else:
         seen = poll_until(probe, deadline, f"{tokens_needed} {what}")
-    still_held = holder in backend.holders([holder])
+    still_held = once_answered(
+        lambda: holder in backend.holders([holder]),
+        deadline.within(HOLDER_TIMEOUT_S),
+        f"{holder.name} to say whether it still holds the request",
+    )
     if inflight.finished or not still_held:
         raise CaseFailure(
             f"missed the fault window: the request was no longer in flight on {holder.name} "

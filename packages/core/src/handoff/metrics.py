@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from handoff.errors import CaseFailure
+from handoff.polling import Deadline, poll_until
+
+T = TypeVar("T")
 
 MIGRATION_TOTAL = "dynamo_frontend_model_migration_total"
 MIGRATION_DURATION_COUNT = "dynamo_frontend_model_migration_duration_seconds_count"
 MAX_SEQ_LEN_EXCEEDED = "dynamo_frontend_model_migration_max_seq_len_exceeded_total"
 OUTPUT_TOKENS = "dynamo_frontend_output_tokens_total"
 TTFT = "dynamo_frontend_time_to_first_token_seconds"
+#: How long one read of a worker's /metrics may take: a busy vLLM CPU worker answered in up to
+#: 3.6 s (docs/known-issues.md), so a shorter bound would leave it unknown on every poll.
+WORKER_READ_S = 5.0
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
@@ -38,13 +47,44 @@ def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
     )
 
 
-def worker_sum(system_port: int, name: str, labels: Mapping[str, str] | None = None) -> float:
-    """`sample_sum` of a worker's own /metrics; 0 when the worker does not answer."""
-    try:
-        text = scrape(f"http://127.0.0.1:{system_port}/metrics", timeout_s=2)
-    except requests.RequestException:
-        return 0.0
-    return sample_sum(text, name, labels)
+class Unanswered(CaseFailure):
+    """Workers whose /metrics could not be read: what they would have said is unknown, never 0
+    or idle. Uncaught, it fails the case by their names."""
+
+
+def worker_sums(
+    ports: Mapping[str, int],
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    timeout_s: float = WORKER_READ_S,
+) -> dict[str, float]:
+    """`sample_sum` of each worker's own /metrics, by worker name (`ports`: name -> system
+    port). Raises Unanswered, naming every worker that did not answer and what the others said."""
+    read, silent = {}, []
+    for worker, port in ports.items():
+        try:
+            text = scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=timeout_s)
+        except requests.RequestException as exc:
+            silent.append(f"{worker} (port {port}: {type(exc).__name__})")
+        else:
+            read[worker] = sample_sum(text, name, labels)
+    if silent:
+        said = "".join(f"; {worker} said {value:g}" for worker, value in read.items())
+        raise Unanswered(f"no answer to {name} from {', '.join(silent)}{said}")
+    return read
+
+
+def once_answered(read: Callable[[], T], deadline: Deadline, awaited: str) -> T:
+    """`read()` polled until it raises no Unanswered: a reading that lacks a worker is asked
+    again, and the timeout names the workers that never answered."""
+
+    def probe() -> tuple[T | None, object]:
+        try:
+            return read(), None
+        except Unanswered as exc:
+            return None, exc
+
+    return poll_until(probe, deadline, awaited)
 
 
 def frontend_output_tokens(url: str, model: str) -> int:

@@ -36,7 +36,6 @@ from itertools import count
 from pathlib import Path
 
 import psutil
-import requests
 
 from handoff import metrics
 from handoff.backend import Backend, Model, Worker
@@ -196,7 +195,9 @@ class Pool:
                     os.link(entry, target)  # one inode: the keep-alive freshens both
 
     def draw(self, case: Case, deadline: Deadline) -> list[Worker]:
-        """Every worker, once each is alive, registered and idle: the instances of one case."""
+        """Every worker, once each is alive, registered and known idle: the instances of one
+        case. A worker that holds a request or does not answer is waited for until `deadline`,
+        then the case fails naming it (docs/architecture.md, "Warm worker pools")."""
         if self.draws:  # the first case's workers were launched for it
             self._check_same_launch(case)
 
@@ -206,14 +207,17 @@ class Pool:
             for worker in self.workers:
                 self._hand_over(worker)
                 ids = registrations.instance_ids(self.store, worker.ports["system"])
-                if not ids:
-                    waiting.append(f"{worker.name} not registered")
-                elif not answers(worker.ports["system"]):
-                    waiting.append(f"{worker.name} not answering on its system port")
-                else:
+                if ids:
                     self.instance_ids[worker.name] = ids
+                else:
+                    waiting.append(f"{worker.name} not registered")
             if not waiting:  # one look at all of them, as the search for the holder does
-                waiting = [f"{w.name} holds a request" for w in self.backend.holders(self.workers)]
+                try:
+                    busy = self.backend.holders(self.workers)
+                except metrics.Unanswered as exc:  # silent: not known to be idle
+                    waiting = [str(exc)]
+                else:
+                    waiting = [f"{w.name} holds a request" for w in busy]
             return (None if waiting else list(self.workers)), "; ".join(waiting)
 
         drawn = poll_until(probe, deadline, "the pool's workers to be registered and idle")
@@ -386,13 +390,3 @@ class Pools:
             pool = self.current[1]
             self.problems += [f"pool {pool.name}: {p}" for p in self.discard(pool)]
         return self.problems
-
-
-def answers(system_port: int) -> bool:
-    """Whether a worker serves its own /metrics: alive enough to be handed out. (Its /health
-    is no help: a mocker worker says `notready` all its life on Dynamo 1.6.1.)"""
-    try:
-        metrics.scrape(f"http://{services.LOOPBACK}:{system_port}/metrics", timeout_s=2)
-    except requests.RequestException:
-        return False
-    return True

@@ -170,7 +170,9 @@ def exercise(
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
     counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-    transfers_before = decode_transfers(deployment)
+    transfers_before = metrics.once_answered(
+        lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
+    )
     inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
     history.record(
         "request_sent",
@@ -283,12 +285,14 @@ def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, hi
 
 
 def decode_transfers(deployment: Deployment) -> float:
-    """The decode workers' count of completed KV transfers (0 without a counter)."""
+    """The decode workers' count of completed KV transfers (0 without a counter). Raises
+    `metrics.Unanswered` while any does not answer: a total without one worker's history, read
+    before the request, would let the next full reading "prove" a transfer."""
     counter = deployment.backend.kv_transfer_counter
     if counter is None:
         return 0.0
-    ports = [w.ports["system"] for w in deployment.workers if w.role == "decode"]
-    return sum(metrics.worker_sum(port, counter) for port in ports)
+    ports = {w.name: w.ports["system"] for w in deployment.workers if w.role == "decode"}
+    return sum(metrics.worker_sums(ports, counter).values())
 
 
 def await_response(
@@ -347,9 +351,16 @@ def transfer_counted_early(deployment: Deployment, before: float, history: Histo
     """One read of the decode workers' transfer counter once one holds the request (its KV came
     first). The counter lives on the worker about to be faulted, and a busy vLLM CPU worker's
     /metrics took 2.7 s to answer: read here, the fault can follow the in-flight proof at once.
-    If the counter lags, `transfer_evidence` waits for it after the proof, as before."""
+    If the counter lags, or a worker does not answer, `transfer_evidence` waits for it after the
+    proof, as before."""
     counter = deployment.backend.kv_transfer_counter
-    if counter is None or (total := decode_transfers(deployment)) <= before:
+    if counter is None:
+        return False
+    try:
+        total = decode_transfers(deployment)
+    except metrics.Unanswered:
+        return False
+    if total <= before:
         return False
     history.record("kv_transfer_checked", counter=counter, transfers=total - before)
     return True
@@ -372,7 +383,10 @@ def transfer_evidence(
         return [f"backend {backend.name!r} gives no KV transfer time or counter: unproven"]
 
     def counted() -> tuple[float | None, str]:
-        total = decode_transfers(deployment)
+        try:
+            total = decode_transfers(deployment)
+        except metrics.Unanswered as exc:
+            return None, str(exc)
         return (total if total > before else None), f"{counter} = {total:g} on the decode workers"
 
     try:
