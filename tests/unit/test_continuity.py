@@ -3,12 +3,21 @@ SIGKILLed mid-stream), then on the same stream with one frame dropped or repeate
 
 import copy
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from handoff.client import Chunk, Response
-from handoff.continuity import check, differing_token, first_divergence
+from handoff.continuity import (
+    Migration,
+    Takeover,
+    check,
+    differing_token,
+    first_divergence,
+    takeover,
+)
 from handoff_mocker import MockerBackend
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "migrated_stream.json").read_text())
@@ -110,3 +119,112 @@ def test_without_a_token_counter_only_usage_and_finish_are_checked():
 )
 def test_first_divergence(a, b, at):
     assert first_divergence(a, b) == at
+
+
+# --- The re-issued context: usage.prompt_tokens against what the client had read --------------
+
+PROMPT = 32  # the recorded request's prompt, as the frontend tokenized it (usage says 40)
+
+
+def content() -> list[int]:
+    """Indexes into the recorded chunks of the frames that carry a token."""
+    return [
+        i
+        for i, c in enumerate(RECORDED["chunks"])
+        if c["data"]["choices"] and Chunk(0, c["data"]).text
+    ]
+
+
+def migration(response: Response, into_pause_s: float = 0.001) -> Migration:
+    """The recorded migration: the new worker received the request just after the last frame
+    the client read before the pause (the longest gap after the fault)."""
+    frames = [c for c in response.chunks if c.text]
+    last_old = max(range(1, len(frames)), key=lambda i: frames[i].at - frames[i - 1].at) - 1
+    return Migration(
+        PROMPT, RECORDED["fault_at"], Takeover("worker-1", frames[last_old].at + into_pause_s)
+    )
+
+
+def test_the_recorded_context_is_the_prompt_plus_the_tokens_before_the_pause():
+    response = recorded()
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    assert result.problems == []
+    assert result.notes[0].startswith(
+        "the re-issued context is the prompt plus exactly the 8 tokens the client read before "
+        "worker-1's first (the 27.5 ms pause before frame 9"
+    )
+
+
+def test_a_token_replayed_at_the_migration_fails_with_the_count_unchanged():
+    """The frame before the pause twice, the final content frame dropped: 200 tokens still."""
+    response = recorded()
+    taken = migration(response)
+    at = content()[7]
+    response.chunks.insert(at + 1, copy.deepcopy(response.chunks[at]))
+    del response.chunks[content()[-1] + 1]
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=taken)
+    assert result.problems == [
+        "the client had read 9 tokens before worker-1 received the re-issued request, but the "
+        "re-issued context carried 8 (usage.prompt_tokens 40 - prompt 32): 1 replayed at the "
+        "migration"
+    ]
+
+
+def test_a_token_lost_at_the_migration_and_one_repeated_later_fails():
+    response = recorded()
+    taken = migration(response)
+    later = content()[11]
+    response.chunks.insert(later + 1, copy.deepcopy(response.chunks[later]))
+    del response.chunks[content()[7]]
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=taken)
+    assert result.problems == [
+        "the client read 7 tokens before worker-1's first (the 35.9 ms pause before frame 8, "
+        "after worker-1 received the request), but the re-issued context carried 8 "
+        "(usage.prompt_tokens 40 - prompt 32): 1 lost at the migration, and as many repeated "
+        "after it"
+    ]
+
+
+def test_frames_read_back_to_back_after_the_pause_leave_the_boundary_ambiguous():
+    """A client that fell behind reads queued frames together: the faulted worker's last frame
+    may sit after the pause, so a loss there cannot be told; a loss passes, with a note."""
+    response = recorded()
+    taken = migration(response)
+    first_new = content()[8]
+    response.chunks[first_new + 1].at = response.chunks[first_new].at
+    del response.chunks[content()[7]]  # lost, but the boundary is no longer certain
+    result = check(response, RECORDED["max_tokens"] - 1, COUNT, migration=taken)
+    assert not any("the re-issued context" in p for p in result.problems)
+    assert (
+        "is followed by frames read back to back: the client had fallen behind" in (result.notes[0])
+    )
+
+
+def test_a_context_that_grew_with_no_takeover_logged_fails():
+    response = recorded()
+    result = check(
+        response,
+        RECORDED["max_tokens"],
+        COUNT,
+        migration=Migration(PROMPT, RECORDED["fault_at"], None),
+    )
+    assert result.problems == [
+        "usage.prompt_tokens is 40, the prompt's 32 plus 8, but no worker but the faulted one "
+        "logged receiving the request"
+    ]
+
+
+def test_the_takeover_is_read_from_the_worker_log_on_the_monotonic_clock(tmp_path):
+    wall = datetime.now(UTC)
+    line = (
+        f"\x1b[2m{wall.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}\x1b[0m  INFO handle_payload: "
+        "dynamo_runtime::pipeline::network::ingress::push_handler: request received "
+        'request_id=4c659b09-d256 otel.kind="server"\n'
+    )
+    (tmp_path / "w1.log").write_text("another line\n" + line)
+    (tmp_path / "w2.log").write_text(line.replace("4c659b09", "00000000"))
+    taken = takeover({"w1": tmp_path / "w1.log", "w2": tmp_path / "w2.log"}, "cmpl-4c659b09-d256")
+    assert taken is not None and taken.worker == "w1"
+    expected = time.monotonic() - (time.time() - wall.timestamp())
+    assert abs(taken.received_at - expected) < 0.05
+    assert takeover({"w2": tmp_path / "w2.log"}, "cmpl-4c659b09-d256") is None

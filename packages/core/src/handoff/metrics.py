@@ -18,6 +18,8 @@ MIGRATION_TOTAL = "dynamo_frontend_model_migration_total"
 MIGRATION_DURATION_COUNT = "dynamo_frontend_model_migration_duration_seconds_count"
 MAX_SEQ_LEN_EXCEEDED = "dynamo_frontend_model_migration_max_seq_len_exceeded_total"
 OUTPUT_TOKENS = "dynamo_frontend_output_tokens_total"
+#: The prompt tokens the frontend tokenized, summed over requests: once a request, migrated or not.
+INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
 TTFT = "dynamo_frontend_time_to_first_token_seconds"
 #: How long one read of a worker's /metrics may take: a busy vLLM CPU worker answered in up to
 #: 3.6 s (docs/known-issues.md), so a shorter bound would leave it unknown on every poll.

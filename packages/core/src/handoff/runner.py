@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import requests
 
 from handoff import client, continuity, faults, metrics
-from handoff.backend import Backend
+from handoff.backend import Backend, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
+from handoff.machine.pace import measure_pace, response_bound_s, sized_to
 from handoff.policies import Outcome, Policy, expected_outcome, policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pools
@@ -78,14 +80,15 @@ def run_case(
     started = time.monotonic()
     history = History()
     deadline = Deadline(timeout_s)
-    roles = roles or backend.roles(case.topology)
-    history.record("launch", roles=list(roles))
-    pool = pools.pool_for(backend, case, roles) if pools else None
-    deployment = Deployment(
-        backend, case, folder, frontend_policy or policy(case.policy), roles, pool
-    )
-    draws_before = deployment.pool.draws
+    pool = deployment = None
     try:
+        roles = roles or backend.roles(case.topology)
+        history.record("launch", roles=list(roles))
+        pool = pools.pool_for(backend, case, roles) if pools else None
+        deployment = Deployment(
+            backend, case, folder, frontend_policy or policy(case.policy), roles, pool
+        )
+        draws_before = deployment.pool.draws
         deployment.start(deadline.within(settings.startup_timeout_s))
         history.record(
             "ready",
@@ -102,11 +105,12 @@ def run_case(
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     except requests.RequestException as exc:
         verdict = Verdict(False, [unanswered(deployment, exc)], history.phase)
+    except Exception as exc:
+        # A defect, handoff's or a backend's: it fails this case, by its line, and takes the
+        # pool down (its workers may hold the request); the next case still runs.
+        verdict = Verdict(False, [raised(exc)], history.phase)
     finally:
-        record_start_up(deployment, history)
-        leased = deployment.ports
-        problems = deployment.stop()  # checks that every leased port is free again
-        history.record("teardown_done", problems=problems, ports=leased, removed=deployment.removed)
+        problems = teardown(deployment, history)
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
     if pools and pool and not verdict.passed:
@@ -118,6 +122,32 @@ def run_case(
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def teardown(deployment: Deployment | None, history: History) -> list[str]:
+    """Stop what the case started (`Deployment.stop`, which checks that every leased port is
+    free again); the problems found. An exception here is one of them: the case fails and its
+    pool, discarded, stops the rest."""
+    leased: list[int] = []
+    problems: list[str] = []
+    removed: list[str] = []
+    if deployment is not None:
+        record_start_up(deployment, history)
+        leased = deployment.ports
+        try:
+            problems = deployment.stop()
+        except Exception as exc:
+            problems = [raised(exc)]
+        removed = deployment.removed
+    history.record("teardown_done", problems=problems, ports=leased, removed=removed)
+    return problems
+
+
+def raised(exc: Exception) -> str:
+    """An exception nobody expected, as one reason: its type, the line that raised it (file:
+    line) and its message."""
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__} at {where.filename}:{where.lineno}: {exc}"
 
 
 def unanswered(deployment: Deployment, exc: requests.RequestException) -> str:
@@ -163,17 +193,29 @@ def exercise(
     shape = backend.shape(case, variant)
     stream = case.response == "stream"
     request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
-    baseline = (
-        undisturbed(deployment, request, deadline, history) if backend.deterministic else None
-    )
+    pace = None
+    if (seconds := backend.output_seconds(case)) is not None:
+        pace = measure_pace(deployment.base_url, request, deadline)
+        shape = sized_to(pace, seconds, shape)
+        request = replace(request, max_tokens=shape.max_tokens)
+        history.record(
+            "paced", tokens_per_s=round(pace.tokens_per_s, 1), max_tokens=shape.max_tokens
+        )
+    expected_text, compared_with = backend.reference(case.api, shape), "the reference"
+    if expected_text is None and backend.deterministic:
+        expected_text = undisturbed(deployment, request, deadline, history)
+        compared_with = "the undisturbed baseline"
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
     counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    prompts_before = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
     transfers_before = metrics.once_answered(
         lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
     )
     inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
+    bound = response_bound_s(shape, pace) if pace else None
+    response_deadline = deadline.within(bound) if bound else deadline
     history.record(
         "request_sent",
         api=case.api,
@@ -220,7 +262,16 @@ def exercise(
     history.record("worker_gone", signals=list(fault.signals))
     if successor := deployment.replace(holder):
         history.record("successor_started", worker=successor)
-    await_response(inflight, metrics_url, model, counts_before, deadline, history)
+    try:
+        await_response(inflight, metrics_url, model, counts_before, response_deadline, history)
+    except Timeout as exc:
+        if bound is None or deadline.expired():
+            raise
+        raise CaseFailure(
+            f"hung: the response was still open {bound:.0f} s after it was sent, the bound "
+            f"its {shape.max_tokens} tokens at the measured {pace.tokens_per_s:.0f} tokens/s "
+            f"allow ({exc})"
+        ) from None
     record_response(inflight, history)
     expected = expected_outcome(where.fault_window, case.policy)
     counts = settled_counts(
@@ -234,9 +285,13 @@ def exercise(
             response,
             shape.max_tokens,
             backend.output_tokens,
-            baseline,
-            backend.nondeterministic_because,
-            backend.one_token_per_frame,
+            baseline=expected_text,
+            why_no_baseline=backend.nondeterministic_because,
+            compared_with=compared_with,
+            one_token_per_frame=backend.one_token_per_frame,
+            migration=migration_evidence(
+                targets, holder, response, metrics_url, prompts_before, history
+            ),
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes
@@ -254,6 +309,31 @@ def exercise(
     )
     verdict.notes = notes
     return verdict
+
+
+def migration_evidence(
+    targets: list[Worker],
+    holder: Worker,
+    response: Response,
+    metrics_url: str,
+    prompts_before: float,
+    history: History,
+) -> continuity.Migration:
+    """What the re-issued context is judged with beside the stream: the prompt's length as the
+    frontend tokenized it (its count rose by the case's one request), when the fault was sent,
+    and which other worker of the faulted role logged receiving the request."""
+    prompt = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS) - prompts_before
+    fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
+    logs = {w.name: w.process.log_path for w in targets if w is not holder}
+    response_id = response.chunks[0].data.get("id") if response.chunks else None
+    taken = continuity.takeover(logs, str(response_id)) if response_id else None
+    history.record(
+        "takeover_seen",
+        prompt_tokens=int(prompt),
+        worker=taken.worker if taken else None,
+        received_at=round(taken.received_at - history.started, 4) if taken else None,
+    )
+    return continuity.Migration(int(prompt), fault_at, taken)
 
 
 def late_counts(
