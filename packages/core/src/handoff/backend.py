@@ -223,6 +223,13 @@ class Backend(ABC):
         that the deployment serves first)."""
         return None
 
+    def output_seconds(self, case: Case) -> float | None:
+        """How long `case`'s output should stream, where the engine's pace differs from one
+        machine to the next: the case's request is then cut, at run time, to that many seconds
+        of tokens at the rate a warm-up request measures (handoff.machine.pace), its shape's
+        max_tokens at most. None: the shape's max_tokens stand."""
+        return None
+
     def output_tokens(self, text: str) -> int | None:
         """How many tokens `text` of the model's output is, where the backend can tell without
         a tokenizer; None where it cannot (continuity then checks usage only)."""

@@ -45,6 +45,7 @@ from handoff.machine import registrations, services
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.processes import ManagedProcess
 from handoff.polling import Deadline, Timeout, poll_until
+from handoff.sharing import vram_ledger
 
 TEARDOWN_TIMEOUT_S = 15.0
 #: Pools are numbered in the order a process starts them, whatever `Pools` starts them.
@@ -114,6 +115,8 @@ class Pool:
         #: Worker name -> the folder it registers in, for spares and the spares handed over.
         self.own_store: dict[str, Path] = {}
         self._serial = count()
+        #: The GPU reservation the workers run under, if the case that started them had one.
+        self.gpu: vram_ledger.Hold | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +144,7 @@ class Pool:
             )
         self.nats_port = self.leases.take() if self.case.plane == "nats" else None
         self.env = services.runtime_env(self.store, self.nats_port)
+        self._hold_gpu()
         if self.nats_port is not None:
             nats = services.nats_command(self.nats_port, self.folder / "nats")
             self.nats = self._spawn("nats-server", nats)
@@ -287,10 +291,24 @@ class Pool:
                     f"log {process.log_path}:\n{process.log_tail()}"
                 )
 
+    def _hold_gpu(self) -> None:
+        """Hold the GPU reservation of the environment the workers start in (the case's,
+        handoff.sharing.scheduling), over every case that draws them."""
+        self.gpu = vram_ledger.hold_of(self.env)
+        if self.gpu is not None:
+            self.gpu.join(self.name)
+
+    def _release_gpu(self) -> None:
+        """Let go of it once the workers are gone: their memory went with them."""
+        if self.gpu is not None:
+            self.gpu.leave(self.name)
+
     def stop(self) -> list[str]:
         """Kill every process the pool started; returns the problems found (survivors, ports
         still bound); empty means clean."""
-        return stop_all(self.processes, self.leases)
+        problems = stop_all(self.processes, self.leases)
+        self._release_gpu()
+        return problems
 
 
 def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:

@@ -173,6 +173,11 @@ class VllmBackend(DynamoGpuBackend):
         # Dynamo's detokenizer gives every word of the output with its leading space.
         return "".join(f" {w}" for w in rule.words(rule.continuation(context, shape.max_tokens)))
 
+    def output_seconds(self, case) -> float | None:
+        """On the CPU, where the pace differs most between machines: `max_tokens` is then
+        the most a case asks for."""
+        return cpu.OUTPUT_SECONDS[case.topology] if self.on_cpu else None
+
     def output_tokens(self, text: str) -> int | None:
         return word_tokenizer.count(text) if self.builds_model else None
 

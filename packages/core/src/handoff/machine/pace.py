@@ -1,0 +1,63 @@
+"""Requests sized to the engine's pace on this machine, measured when the case runs. Machines
+of one kind differ by 2x and more, and an engine on CPUs differs most: an output length tuned
+on one machine streams five times longer on another, past its case's deadline. So a backend
+whose pace depends on the machine names how long a case's output should stream
+(`Backend.output_seconds`); a short streamed warm-up request measures the tokens a second, the
+case's request gets that many seconds of tokens, and the response must end within a bound
+derived from the same rate, or the case fails as hung."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from handoff import client
+from handoff.backend import Shape
+from handoff.client import Request, Response
+from handoff.errors import CaseFailure
+from handoff.polling import Deadline
+
+#: The warm-up's output: enough steps to time the decode, few enough to cost a second or two.
+WARMUP_TOKENS = 48
+#: The least output a sized request keeps: frames to prove it in flight, and a remainder.
+FLOOR_TOKENS = 64
+#: The response is given this many times its own streaming time...
+SLOWER_BY = 4.0
+#: ... plus this, for what does not scale with the output: the fault, the migration's
+#: re-prefill of the context, the graceful bound.
+FIXED_S = 30.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Output tokens a second, as the client read them from the warm-up's stream."""
+
+    tokens_per_s: float
+
+    def seconds_for(self, tokens: int) -> float:
+        return tokens / self.tokens_per_s
+
+
+def measure_pace(base_url: str, request: Request, deadline: Deadline) -> Pace:
+    """Stream `request` cut to WARMUP_TOKENS, and time its decode: from the first content
+    frame to the last, which leaves the prefill and the connection out."""
+    warmup = replace(request, stream=True, max_tokens=WARMUP_TOKENS)
+    response = Response()
+    client.send(base_url, warmup, response, read_timeout_s=deadline.remaining())
+    frames = [chunk.at for chunk in response.chunks if chunk.text]
+    if response.status != 200 or response.error or response.exception or len(frames) < 2:
+        raise CaseFailure(f"the warm-up request that times the engine failed: {response.summary()}")
+    tokens = response.completion_tokens or len(frames)
+    return Pace((tokens - 1) / max(frames[-1] - frames[0], 1e-3))
+
+
+def sized_to(pace: Pace, seconds: float, shape: Shape) -> Shape:
+    """`shape` with `seconds` of output at `pace`: its own max_tokens at most (what the
+    context leaves, or what the backend found enough), FLOOR_TOKENS at least."""
+    wanted = round(pace.tokens_per_s * seconds)
+    tokens = max(min(FLOOR_TOKENS, shape.max_tokens), min(wanted, shape.max_tokens))
+    return replace(shape, max_tokens=tokens)
+
+
+def response_bound_s(shape: Shape, pace: Pace) -> float:
+    """How long after it was sent the response must have ended, at the measured pace."""
+    return SLOWER_BY * pace.seconds_for(shape.max_tokens) + FIXED_S

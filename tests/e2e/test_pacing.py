@@ -1,0 +1,101 @@
+"""Requests sized at run time to the engine's pace (handoff.machine.pace), on the real frontend
+and mocker: a backend that names its output in seconds gets a warm-up request, a request of
+that many seconds of tokens, and a bound on the response derived from the same rate, past
+which the case fails as hung."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from handoff.cases import Case
+from handoff.continuity import ANSI
+from handoff.machine import pace
+from handoff.polling import Deadline, poll_until
+from handoff.runner import Settings, run_case
+from handoff_mocker import MockerBackend
+
+CASE = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
+SETTINGS = Settings(keep_logs=True)
+SECONDS = 1.0
+
+
+class PacedMocker(MockerBackend):
+    """The mocker as if its pace differed by machine: its output is a second of tokens."""
+
+    def output_seconds(self, case):
+        return SECONDS
+
+
+class StoppedSuccessor(PacedMocker):
+    """The worker the request migrates to is stopped (SIGSTOP) as soon as it logs receiving
+    it: with no backend stream timeout, Dynamo keeps the user's stream open for as long as the
+    worker stays stopped (shared/dynamo-facts.md), a hang mid-stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.stopped = []
+
+    def holders(self, workers):
+        held = super().holders(workers)
+        if held and not self.stopped:
+            others = [w for w in workers if w not in held]
+            seen = {w.name: received(w) for w in others}
+            threading.Thread(target=self.stop_the_successor, args=(others, seen)).start()
+            self.stopped.append(None)  # watching
+        return held
+
+    def stop_the_successor(self, others, seen):
+        def taken():
+            late = [w for w in others if received(w) > seen[w.name]]
+            return (late[0] if late else None), seen
+
+        successor = poll_until(taken, Deadline(30), "the successor to receive the request")
+        os.kill(successor.process.pid, signal.SIGSTOP)
+        self.stopped[:] = [successor]
+
+
+def received(worker) -> int:
+    """How many requests the worker has logged receiving."""
+    text = ANSI.sub("", worker.process.log_path.read_text(errors="replace"))
+    return text.count("request received request_id=")
+
+
+def paced(result) -> dict:
+    return next(e.data for e in result.history.events if e.name == "paced")
+
+
+def test_a_paced_case_asks_for_its_seconds_of_tokens_and_passes(tmp_path):
+    backend = PacedMocker()
+    result = run_case(backend, CASE, tmp_path, SETTINGS, timeout_s=60)
+    assert result.verdict.passed, result.verdict.summary()
+    measured = paced(result)
+    assert measured["max_tokens"] == round(measured["tokens_per_s"] * SECONDS)
+    assert measured["max_tokens"] < backend.shape(CASE).max_tokens  # the seconds cut it
+    sent = next(e for e in result.history.events if e.name == "request_sent")
+    assert sent.data["max_tokens"] == measured["max_tokens"]
+
+
+def test_a_response_open_past_its_bound_fails_the_case_as_hung(tmp_path, monkeypatch):
+    monkeypatch.setattr(pace, "FIXED_S", 2.0)  # a short bound: 4 x 1 s of output + 2 s
+    backend = StoppedSuccessor()
+    result = run_case(backend, CASE, tmp_path, SETTINGS, timeout_s=60)
+    assert backend.stopped and backend.stopped[0] is not None, "the case was not made to hang"
+    assert not result.verdict.passed
+    reason = result.verdict.reasons[0]
+    assert reason.startswith("hung: the response was still open 6 s after it was sent"), reason
+    measured = paced(result)
+    assert f"its {measured['max_tokens']} tokens at the measured" in reason
+    assert result.seconds < 60 / 2  # the rate's bound, not the case's timeout
+
+
+@pytest.mark.parametrize(
+    ("rate", "seconds", "most", "tokens"),
+    [(100.0, 2.0, 512, 200), (1000.0, 2.0, 512, 512), (10.0, 1.0, 512, 64), (10.0, 1.0, 30, 30)],
+)
+def test_a_request_gets_its_seconds_of_tokens_within_its_shape(rate, seconds, most, tokens):
+    shape = MockerBackend().shape(CASE)
+    cut = pace.sized_to(pace.Pace(rate), seconds, shape.__class__(shape.prompt, 10, most))
+    assert cut.max_tokens == tokens  # the rate's, at most the shape's, at least the floor
+    assert pace.response_bound_s(cut, pace.Pace(rate)) == 4 * tokens / rate + pace.FIXED_S
