@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from handoff.deployment import ANSI
 from handoff.machine.ports import bindable, listener
 from handoff.polling import Deadline, poll_until
 
@@ -35,10 +36,10 @@ class IsolatedRuns:
         return [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
                 "-p", "no:cacheprovider", *self.backend_args, *args]  # fmt: skip
 
-    def start(self) -> subprocess.Popen[str]:
+    def start(self, *args: str) -> subprocess.Popen[str]:
         command = self.pytest(
             "--handoff-logs", str(self.folders["runs"]), "-k", self.case,
-            "--handoff-topology", self.topology,
+            "--handoff-topology", self.topology, *args,
         )  # fmt: skip
         return subprocess.Popen(
             command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -66,6 +67,36 @@ class IsolatedRuns:
             return (self.recorded() if "frontend" in names else None), names
 
         return poll_until(frontend, Deadline(self.timeout_s), "the case's frontend to start")
+
+    def wait_for_log(
+        self, run: subprocess.Popen[str], pattern: str, *words: str
+    ) -> dict[int, float]:
+        """Wait until a log of `run` named by `pattern` (a glob under its logs folder) has a
+        line with every one of `words` (colours stripped): a moment mid-case to signal the run
+        at. The processes recorded then."""
+
+        def logged() -> tuple[dict[int, float] | None, list[str]]:
+            if run.poll() is not None:
+                raise AssertionError(f"the run ended first: {run.communicate()[0][-3000:]}")
+            logs = sorted(self.folders["runs"].rglob(pattern))
+            for path in logs:
+                lines = ANSI.sub("", path.read_text(errors="replace")).splitlines()
+                if any(all(word in line for word in words) for line in lines):
+                    return self.recorded(), []
+            return None, [path.name for path in logs]
+
+        awaited = f"a line with {list(words)} in the run's {pattern}"
+        return poll_until(logged, Deadline(self.timeout_s), awaited)
+
+    def discovery_entries(self) -> list[Path]:
+        """The entries the run's workers have in a discovery folder (a pool's, or a spare's
+        own) under its logs folder."""
+        runs = self.folders["runs"]
+        return [
+            path
+            for path in runs.rglob("*")
+            if path.is_file() and any(p.endswith("discovery") for p in path.relative_to(runs).parts)
+        ]
 
     def assert_clean(self, started: dict[int, float]) -> None:
         assert not [p for p, t in started.items() if alive(p, t)], "processes left running"

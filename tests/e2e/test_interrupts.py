@@ -1,5 +1,7 @@
-"""Ctrl-C, SIGTERM and SIGKILL to a pytest run in the middle of a case: afterwards nothing that
-handoff started is alive, every leased port is free, and the next run starts clean."""
+"""Ctrl-C, SIGTERM and SIGKILL to a pytest run in the middle of a case (as its frontend starts,
+while its stream is open, while the graceful bound runs after the SIGTERM): afterwards nothing
+that handoff started is alive, every leased port is free, no discovery entry is left, and the
+next run starts clean."""
 
 import signal
 
@@ -18,12 +20,44 @@ def runs(tmp_path) -> IsolatedRuns:
 def test_an_interrupted_run_tears_its_case_down(runs, sig):
     run = runs.start()
     started = runs.wait_for_deployment()
+    registered = runs.discovery_entries()
     run.send_signal(sig)
     out, _ = run.communicate(timeout=60)
     assert run.returncode != 0, out[-4000:]
     assert "KeyboardInterrupt" in out or "Interrupted" in out, out[-2000:]
     runs.assert_clean(started)
+    assert registered and runs.discovery_entries() == [], registered
     runs.next_run_is_clean()
+
+
+STREAM = "aggregate/max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp"
+
+
+@pytest.mark.parametrize(
+    ("log", "words", "frame"),
+    [
+        # The frontend took the case's stream: Ctrl-C while it is open.
+        ("frontend.log", ("request received", "request_type=stream"), "def exercise("),
+        # The faulted worker got its SIGTERM: Ctrl-C while the graceful bound runs.
+        ("worker-*.log", ("Received shutdown signal",), "def inject("),
+    ],
+    ids=["stream_open", "graceful_wait"],
+)
+def test_ctrl_c_mid_case_tears_it_down(tmp_path, log, words, frame):
+    """Ctrl-C at a moment read from the run's own logs; the full traceback says where the case
+    was when it came, and its stream never completed."""
+    runs = IsolatedRuns(tmp_path, STREAM, ["--handoff-backend", "mocker"], timeout_s=60)
+    run = runs.start("--full-trace")
+    started = runs.wait_for_log(run, log, *words)
+    registered = runs.discovery_entries()
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode != 0 and "KeyboardInterrupt" in out, out[-4000:]
+    assert frame in out, out[-4000:]
+    (frontend_log,) = runs.folders["runs"].rglob("frontend.log")
+    assert "request completed" not in frontend_log.read_text()
+    runs.assert_clean(started)
+    assert registered and runs.discovery_entries() == [], registered
 
 
 def test_a_killed_run_is_cleaned_up_by_the_next_one(runs):

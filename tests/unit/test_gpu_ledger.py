@@ -183,3 +183,18 @@ def test_process_helpers_read_proc():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_reservation_whose_processes_stop_first_makes_room_for_its_successor_alone(tmp_path):
+    """A process's next pool reserves while its last pool's workers still run (they stop
+    before its own start): their room counts as free for it, and for no one else; both stay
+    in the ledger until the last is released."""
+    ledger = ledger_of(FakeNvml(24), tmp_path, budget=10)
+    last, _ = ledger.try_take(Demand("last pool", 8))
+    assert ledger.try_take(Demand("next pool", 6))[0] is None
+    successor, _ = ledger.try_take(Demand("next pool", 6), yielding=last)
+    assert successor.gpu == last.gpu
+    assert sorted(r.key for r in ledger.held()) == ["last pool", "next pool"]
+    assert ledger.try_take(Demand("another", 1), yielding=None)[0] is None  # still full
+    ledger.release(last)
+    assert ledger.try_take(Demand("another", 4))[0] is not None

@@ -4,17 +4,20 @@ gave it (CUDA_VISIBLE_DEVICES) and released after, oversize cases skipped with t
 mocker cases untouched, -n cut to the CPU slots, and the dry-run plan."""
 
 import os
+import sys
 
 import pytest
 from fake_nvml import FakeNvml
 
 from handoff import pytest_plugin
+from handoff.backend import Launch
 from handoff.history import History
 from handoff.machine.ports import LEASE_DIR_ENV
+from handoff.pool import PoolKey
 from handoff.runner import CaseResult
 from handoff.sharing import scheduling
 from handoff.sharing.cpus import Slots
-from handoff.sharing.vram_ledger import GpuLedger
+from handoff.sharing.vram_ledger import RESERVATION_ENV, GpuLedger
 from handoff.verdict import Verdict
 from handoff_mocker import MockerBackend
 
@@ -25,7 +28,8 @@ TIMEOUTS = {"aggregate": 100.0, "decode": 300.0, "kv_transfer": 200.0, "prefill"
 
 
 class FakeGpuBackend(MockerBackend):
-    """The mocker's cases with GPU markers; never deployed (the runner is replaced)."""
+    """The mocker's cases with GPU markers, whose workers (where a test's runner starts pools)
+    only sleep: real processes, started and stopped by real pools."""
 
     name = "fakegpu"
     cpus_per_case = 1.0
@@ -36,6 +40,13 @@ class FakeGpuBackend(MockerBackend):
     def markers(self, case):
         topology = case.topology
         return {"handoff_timeout": TIMEOUTS[topology], "profiled_vram_gib": VRAM[topology]}
+
+    def worker(self, role, case, model, ports, folder):
+        return Launch([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def pool_label(backend, case) -> str:
+    return PoolKey.of(backend, case, backend.roles(case.topology)).label
 
 
 @pytest.fixture
@@ -66,15 +77,34 @@ def run(pytester, monkeypatch, tmp_path):
     def run_case(backend, case, folder, settings, timeout_s, pools=None):
         env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
         held = [(r.key, r.gpu) for r in GpuLedger(nvml, folder=tmp_path / "leases").held()]
-        seen.append((case.key, env, held))
+        seen.append((case.key, env, held, pool_label(backend, case)))
         return CaseResult(case, Verdict(True, [], "verdict"), 0.1, folder, History())
+
+    def pooled_case(backend, case, folder, settings, timeout_s, pools=None):
+        """Draw the case's pool as the runner does, starting it if new; count the draw (the
+        sleepers never register, so `draw` would wait); record what the case runs under."""
+        pool = pools.pool_for(backend, case, backend.roles(case.topology))
+        if not pool.started:
+            pool.start()
+        pool.draws += 1
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        held = [(r.token, r.key, r.gpu) for r in GpuLedger(nvml, folder=tmp_path / "leases").held()]
+        names = ("CUDA_VISIBLE_DEVICES", RESERVATION_ENV)
+        seen.append((case.key, pool.name, env, tuple(pool.env.get(k) for k in names), held))
+        verdict = Verdict(case.key not in failing, ["failed on purpose"], "verdict")
+        if not verdict.passed:  # as the runner does: the pool goes with the failed case
+            pools.discard(pool)
+        return CaseResult(case, verdict, 0.1, folder, History())
+
+    failing: set[str] = set()
 
     # The suite's module may be imported afresh by the inner run (pytester drops the modules a
     # run imported): patch the runner it imports from, and the module if it is loaded.
-    monkeypatch.setattr("handoff.runner.run_case", run_case)
-    monkeypatch.setattr("handoff.qualification.run_case", run_case)
-
-    def go(backend, *args):
+    def go(backend, *args, pooled=False, fail=()):
+        runner = pooled_case if pooled else run_case
+        failing.update(fail)
+        monkeypatch.setattr("handoff.runner.run_case", runner)
+        monkeypatch.setattr("handoff.qualification.run_case", runner)
         result = pytester.runpytest_inprocess(
             "--pyargs", "handoff.qualification", "-p", "no:cacheprovider",
             "--handoff-backend", backend, *args,
@@ -87,15 +117,15 @@ def run(pytester, monkeypatch, tmp_path):
 def test_gpu_cases_run_longest_first_on_the_gpu_they_were_given(run, tmp_path):
     result, seen, _, nvml = run("fakegpu", "--max-vram-gib", "8")
     result.assert_outcomes(passed=16, skipped=2)
-    topologies = [key.split("/")[0] for key, _, _ in seen]
+    topologies = [key.split("/")[0] for key, *_ in seen]
     assert topologies == ["decode"] * 4 + ["aggregate"] * 8 + ["prefill"] * 4
-    for key, env, held in seen:
+    for key, env, held, pool in seen:
         if key.startswith("prefill/"):  # 0 GiB: a CPU slot only, no GPU, no reservation
             assert env == {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": None}
             assert held == []
-        else:
+        else:  # held for the case's pool, which this runner never starts: gone with the case
             assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-            assert held == [(key, int(env["CUDA_VISIBLE_DEVICES"]))]
+            assert held == [(pool, int(env["CUDA_VISIBLE_DEVICES"]))]
     assert "CUDA_VISIBLE_DEVICES" not in os.environ  # put back after each case
     assert GpuLedger(nvml, folder=tmp_path / "leases").held() == []  # all released
     out = result.stdout.str()
@@ -111,11 +141,56 @@ def test_mocker_cases_run_as_before_without_reading_nvml(run):
     result, seen, opened, _ = run("mocker")
     result.assert_outcomes(passed=18)
     assert len(seen) == 18 and opened == []
-    assert all(env["CUDA_VISIBLE_DEVICES"] is None and held == [] for _, env, held in seen)
-    keys = [key for key, _, _ in seen]
+    assert all(env["CUDA_VISIBLE_DEVICES"] is None and held == [] for _, env, held, _ in seen)
+    keys = [key for key, *_ in seen]
     assert [k.split("/")[0] for k in keys] == sorted(
         (k.split("/")[0] for k in keys), key=["aggregate", "decode", "kv_transfer", "prefill"].index
     )  # equal timeouts: the selection's own order
+
+
+def test_a_pools_reservation_lives_as_long_as_its_workers_and_its_cases_run_on_its_gpu(
+    run, monkeypatch, tmp_path
+):
+    """Real pools of sleeping workers on one GPU whose budget (8 GiB) holds one pool at a
+    time: each pool reserves once, for its first case; its later cases take no reservation
+    and run on its GPU; it is released when its workers stop (the next key's pool replaced
+    it, or a failed case discarded it), and the next pool reserves while the last one's
+    workers still run (they stop before its own start): no wait, no deadlock."""
+    monkeypatch.setitem(TIMEOUTS, "decode", 0.4)  # short: a case that waits fails soon
+    monkeypatch.setitem(TIMEOUTS, "aggregate", 0.3)
+    monkeypatch.setattr(scheduling, "MIN_WAIT_S", 1.0)
+    monkeypatch.setitem(TIMEOUTS, "kv_transfer", 0.5)
+    monkeypatch.setitem(TIMEOUTS, "prefill", 0.5)  # a wait of 7 s in all, then a failure
+    one_gpu = FakeNvml(24)
+    monkeypatch.setattr(scheduling, "open_nvml", lambda: one_gpu)
+    failed = "aggregate/migration_enabled-worker_failure-chat-stream-nats"
+    result, seen, _, nvml = run("fakegpu", "--max-vram-gib", "8", pooled=True, fail=[failed])
+    result.assert_outcomes(passed=15, failed=1, skipped=2)
+    pools: dict[str, list] = {}  # each pool's cases, in order
+    for key, pool, env, pool_env, held in seen:
+        pools.setdefault(pool, []).append((key, env, pool_env, held))
+    tokens = []
+    for pool, cases in pools.items():
+        first_key, _, _, first_held = cases[0]
+        if first_key.startswith("prefill/"):  # 0 GiB: nothing held, the last pool's released
+            assert all(c[1:] == (None, (None, None), []) for c in cases)
+            continue
+        [(token, label, gpu)] = first_held  # the pool's reservation, and no other
+        assert pool.endswith(label)
+        for key, env, pool_env, held in cases:  # each case: no other, on the pool's GPU
+            assert (env, pool_env, held) == (str(gpu), (str(gpu), token), first_held), key
+        tokens.append(token)
+    assert len(tokens) == len(set(tokens)) >= 4  # a reservation of its own for each pool
+    # The failed case discarded its pool: the next case of its key started and reserved anew.
+    at = [key for key, *_ in seen].index(failed)
+    assert pools[seen[at][1]][-1][0] == failed
+    assert seen[at + 1][1] != seen[at][1] and seen[at + 1][1].endswith(label_of(failed, seen))
+    assert GpuLedger(nvml, folder=tmp_path / "leases").held() == []  # all pools stopped
+
+
+def label_of(key: str, seen: list) -> str:
+    """The pool label that `key`'s case held its reservation for."""
+    return next(held[0][1] for k, *_, held in seen if k == key)
 
 
 def test_the_dry_run_prints_the_plan_and_starts_nothing(run):

@@ -20,8 +20,14 @@
   the machine-wide ledger before it starts, waiting until a GPU has room under
   `--max-vram-gib` (per GPU; default: the GPU's total) and under what NVML shows other processes
   use; its processes get `CUDA_VISIBLE_DEVICES` of that GPU (set in the worker's environment
-  for the case, which every process of the deployment inherits); the reservation goes at
-  teardown, after the deployment's processes are gone. The wait is bounded by the sum of the
+  for the case, which every process of the deployment inherits). The reservation is a
+  `vram_ledger.Hold`, and a pool whose workers start under it holds it too: it goes once the
+  case has ended and the pool's workers are gone (a fresh deployment's at the case's teardown).
+  So a pool reserves once, for the largest marker of its cases, when its first case starts; a
+  later case of the pool takes no reservation and runs on the pool's GPU. The next pool of this
+  process (of another key: one pool at a time, `handoff.pool.Pools`) reserves while the last
+  one's workers still run, counting their reservation as free for itself alone: they are
+  stopped before its own start. The wait is bounded by the sum of the
   run's GPU case timeouts (every case ahead run one after another): past that, the case
   errors saying what holds the memory. Cases with 0 GiB (the mocker's) take no reservation and
   never read NVML: they run exactly as before.
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -42,9 +49,9 @@ from handoff.backend import TIMEOUT_MARKER
 from handoff.errors import HandoffError
 from handoff.polling import Deadline, Timeout
 from handoff.sharing.cpus import cpu_slots
-from handoff.sharing.nvml import ORDER_ENV, VISIBLE_ENV, GpuUnavailable, cuda_env, open_nvml
+from handoff.sharing.nvml import GpuUnavailable, open_nvml
 from handoff.sharing.placement import Demand, Room, plan, plan_lines, refusal
-from handoff.sharing.vram_ledger import GpuLedger, Reservation
+from handoff.sharing.vram_ledger import GpuLedger, Hold
 
 REFUSED = "handoff: not run: "
 #: The least a GPU case waits for room, however short the run's timeouts.
@@ -84,6 +91,10 @@ def pool_of(item: pytest.Item) -> str:
     return str(marker.args[0]) if marker else item.nodeid
 
 
+def is_pooled(item: pytest.Item) -> bool:
+    return item.get_closest_marker("xdist_group") is not None
+
+
 def is_case(item: pytest.Item) -> bool:
     return "handoff_case" in getattr(item, "fixturenames", ())
 
@@ -102,7 +113,13 @@ class Scheduler:
         self.planned: list[str] = []
         self.ledger: GpuLedger | None = None
         self.wait_s = MIN_WAIT_S
-        self.held: dict[str, tuple[Reservation, dict[str, str | None]]] = {}
+        #: Each running case's hold and the environment it replaced.
+        self.held: dict[str, tuple[Hold, dict[str, str | None]]] = {}
+        #: The pool (its xdist group, or a fresh case's own id) of this process's last GPU
+        #: case, and its hold.
+        self.last: tuple[str, Hold] | None = None
+        #: What each pool's cases need at most, of those not refused.
+        self.pool_demands: dict[str, Demand] = {}
         self.slots = 1
         if self.budget is not None and self.budget <= 0:
             raise pytest.UsageError(f"--max-vram-gib must be above 0, not {self.budget:g}")
@@ -172,6 +189,8 @@ class Scheduler:
                     reason = f"{why}{f' ({why_none})' if why_none else ''}"
                     budget = f" under --max-vram-gib {self.budget:g}" if self.budget else ""
                     item.add_marker(pytest.mark.skip(reason=f"{REFUSED}{reason}{budget}"))
+                else:
+                    self._add_to_pool(item, demands[item])
         if self.dry_run:
             self.planned = plan_lines(plan(list(demands.values()), rooms, self.slots))
             config.hook.pytest_deselected(items=list(items))
@@ -184,6 +203,20 @@ class Scheduler:
                 key = report.nodeid.rpartition("[")[2].rstrip("]")
                 self.refused.append((key, message.removeprefix(REFUSED)))
 
+    def _add_to_pool(self, item: pytest.Item, wanted: Demand) -> None:
+        """Count `wanted` in what its pool reserves: the most any of its cases needs."""
+        pool = pool_of(item)
+        known = self.pool_demands.get(pool)
+        if known is None:
+            self.pool_demands[pool] = replace(wanted, key=pool) if is_pooled(item) else wanted
+            return
+        self.pool_demands[pool] = replace(
+            known,
+            vram_gib=max(known.vram_gib, wanted.vram_gib),
+            timeout_s=max(known.timeout_s, wanted.timeout_s),
+            whole_gpu=known.whole_gpu or wanted.whole_gpu,
+        )
+
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         wanted = demand(item) if is_case(item) else None
         if wanted is None or not wanted.needs_gpu:
@@ -193,13 +226,27 @@ class Scheduler:
             if self.ledger is None:
                 pytest.fail(f"{wanted.key} needs a GPU: {why_none}", pytrace=False)
         assert self.ledger is not None
-        try:
-            reservation = self.ledger.take(wanted, Deadline(self.wait_s))
-        except Timeout as exc:
-            pytest.fail(f"no GPU had room for {wanted.key} in {self.wait_s:.0f} s: {exc}", False)
-        saved = {name: os.environ.get(name) for name in (VISIBLE_ENV, ORDER_ENV)}
-        os.environ.update(cuda_env(reservation.gpu))
-        self.held[item.nodeid] = (reservation, saved)
+        pool = pool_of(item)
+        if self.last and self.last[0] == pool and not self.last[1].released:
+            hold = self.last[1]  # the pool's workers run on it: no second reservation
+        else:
+            # A pool of another key that still holds its own is stopped before this one starts.
+            last = self.last[1] if self.last and not self.last[1].released else None
+            needed = self.pool_demands.get(pool, wanted)
+            try:
+                reservation = self.ledger.take(
+                    needed, Deadline(self.wait_s), yielding=last.reservation if last else None
+                )
+            except Timeout as exc:
+                pytest.fail(
+                    f"no GPU had room for {wanted.key} in {self.wait_s:.0f} s: {exc}", False
+                )
+            hold = Hold(self.ledger, reservation)
+            self.last = (pool, hold)
+        hold.join(item.nodeid)
+        saved = {name: os.environ.get(name) for name in hold.env}
+        os.environ.update(hold.env)
+        self.held[item.nodeid] = (hold, saved)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item):
@@ -207,14 +254,13 @@ class Scheduler:
             return (yield)
         finally:
             if item.nodeid in self.held:
-                reservation, saved = self.held.pop(item.nodeid)
+                hold, saved = self.held.pop(item.nodeid)
                 for name, value in saved.items():
                     if value is None:
                         os.environ.pop(name, None)
                     else:
                         os.environ[name] = value
-                assert self.ledger is not None
-                self.ledger.release(reservation)
+                hold.leave(item.nodeid)  # released here unless a pool still runs on it
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter

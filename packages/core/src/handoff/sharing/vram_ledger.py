@@ -9,8 +9,15 @@ now belongs to another process, no longer counts; its entry is dropped at the ne
 `take(demand, deadline)` tries, under the lock: read the reservations, read NVML now, work out
 each GPU's `placement.Room`, pick the best fit, write the reservation. If nothing fits it lets
 go of the lock and tries again (`polling.poll_until`) until the deadline, then fails saying
-what holds the memory. `release` drops the reservation; release it once the case's processes
-are gone (their memory goes with them).
+what holds the memory. `release` drops the reservation; release it once the processes on it
+are gone (their memory goes with them). `take(..., yielding=r)` counts the room of `r`, a
+reservation of this process whose processes stop before the new one's start, as free for the
+new one (and for it alone: `r` stays in the ledger until released).
+
+A `Hold` is a reservation in use in this process: by the case that took it and by every pool
+whose workers started under it (`hold_of` their environment, which names its token). It is
+released when the last of them leaves, so a pool's reservation lives as long as its workers,
+over every case that draws them, and follows their GPU.
 
 What other processes use ("foreign"), per GPU, from NVML at that moment:
 - where NVML lists per-process use and every pid it lists exists here: the device's used bytes
@@ -30,24 +37,26 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from handoff.machine.ports import lease_dir
 from handoff.polling import Deadline, poll_until
 from handoff.sharing import placement
-from handoff.sharing.nvml import Device, Nvml, gib
+from handoff.sharing.nvml import Device, Nvml, cuda_env, gib
 from handoff.sharing.placement import Demand, Room
 
 LEDGER_FILE = "vram-ledger.json"
 LOCK_FILE = "vram-ledger.lock"
+#: The token of the reservation that the processes started with it run under.
+RESERVATION_ENV = "HANDOFF_VRAM_RESERVATION"
 
 
 @dataclass(frozen=True)
 class Reservation:
     token: str
-    key: str  # the case
+    key: str  # the case, or the pool, it is held for
     gpu: int  # Device.index
     gib: float
     whole_gpu: bool
@@ -155,11 +164,18 @@ class GpuLedger:
             whole=any(r.whole_gpu for r in here),
         )
 
-    def try_take(self, demand: Demand) -> tuple[Reservation | None, list[Room]]:
+    def try_take(
+        self, demand: Demand, yielding: Reservation | None = None
+    ) -> tuple[Reservation | None, list[Room]]:
         """One attempt: the reservation made, or None, with the GPUs as they were seen."""
         with self._locked():
             reservations = self._read()
             rooms = self.rooms(reservations)
+            if yielding in reservations:
+                freed = Demand(yielding.key, yielding.gib, whole_gpu=yielding.whole_gpu)
+                rooms = [
+                    placement.give_back(r, freed) if r.index == yielding.gpu else r for r in rooms
+                ]
             room = placement.best_fit(demand, rooms)
             if room is None:
                 return None, rooms
@@ -176,12 +192,14 @@ class GpuLedger:
             self._write([*reservations, made])
             return made, rooms
 
-    def take(self, demand: Demand, deadline: Deadline) -> Reservation:
+    def take(
+        self, demand: Demand, deadline: Deadline, yielding: Reservation | None = None
+    ) -> Reservation:
         """Wait until `demand` fits a GPU, and reserve it there; Timeout (a CaseFailure) at
-        the deadline, saying what holds the memory."""
+        the deadline, saying what holds the memory. `yielding`: see the module docstring."""
 
         def attempt() -> tuple[Reservation | None, str]:
-            made, rooms = self.try_take(demand)
+            made, rooms = self.try_take(demand, yielding)
             return made, describe(rooms)
 
         return poll_until(
@@ -191,6 +209,44 @@ class GpuLedger:
     def release(self, reservation: Reservation) -> None:
         with self._locked():
             self._write([r for r in self._read() if r.token != reservation.token])
+
+
+class Hold:
+    """A reservation and who in this process runs on it; released when the last one leaves."""
+
+    def __init__(self, ledger: GpuLedger, reservation: Reservation) -> None:
+        self.ledger = ledger
+        self.reservation = reservation
+        self.users: set[str] = set()
+        _HOLDS[reservation.token] = self
+
+    @property
+    def released(self) -> bool:
+        return _HOLDS.get(self.reservation.token) is not self
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the processes started on it are given: its GPU alone, and its token."""
+        return {**cuda_env(self.reservation.gpu), RESERVATION_ENV: self.reservation.token}
+
+    def join(self, user: str) -> None:
+        self.users.add(user)
+
+    def leave(self, user: str) -> None:
+        self.users.discard(user)
+        if not self.users and not self.released:
+            del _HOLDS[self.reservation.token]
+            self.ledger.release(self.reservation)
+
+
+#: This process's holds not yet released, by token.
+_HOLDS: dict[str, Hold] = {}
+
+
+def hold_of(env: Mapping[str, str]) -> Hold | None:
+    """The hold that processes started with `env` run under; None where it names none (a
+    case that needs no GPU) or one already released."""
+    return _HOLDS.get(env.get(RESERVATION_ENV, ""))
 
 
 def describe(rooms: list[Room]) -> str:
