@@ -105,7 +105,10 @@ def test_cpu_requests_are_words_of_the_tiny_model(tiny):
             assert word_tokenizer.count(shape.prompt) == shape.prompt_tokens
             assert shape.prompt_tokens + shape.max_tokens <= cpu.CONTEXT_TOKENS
     # The transfer's 823-token prefix leaves room for an output that outlasts a late harness.
-    assert backend.shape(first_case(backend, "kv_transfer")).max_tokens == 1024
+    assert (
+        backend.shape(first_case(backend, "kv_transfer")).max_tokens
+        == cpu.OUTPUT_TOKENS["kv_transfer"]
+    )
     assert backend.output_tokens(" t5 t6 t7") == 3
     assert VllmBackend().output_tokens(" t5 t6") is None  # a real tokenizer: not counted
 
