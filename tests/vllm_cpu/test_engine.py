@@ -71,20 +71,22 @@ def test_the_fault_sent_to_the_idle_worker_fails_the_case(vllm_cpu, tmp_path):
 
 
 class OtherWeights(VllmBackend):
-    """The second worker serves the same model folder with other weights: vLLM's dummy
-    weights from another seed. Same folder, so the same model card: Dynamo's frontend rejects
-    a worker whose card differs (its `source_path` is part of the checksum), and would never
-    migrate to it. A migration between the two continues with another model's tokens."""
+    """One worker serves the same model folder with other weights: vLLM's dummy weights from
+    another seed. Same folder, so the same model card: Dynamo's frontend rejects a worker
+    whose card differs (its `source_path` is part of the checksum), and would never migrate to
+    it. `role` picks the worker: the second of all (the one a migration goes to) or the first
+    of a role (a kv_transfer case's prefill worker, whose KV every decode worker then reads)."""
 
-    launched = 0
+    def __init__(self, role: str | None = None):
+        super().__init__()
+        self.role, self.launched = role, 0
 
     def worker(self, role, case, model, ports, folder):
         launch = super().worker(role, case, model, ports, folder)
         self.launched += 1
-        if self.launched == 1:
-            return launch
-        argv = [*launch.argv, "--load-format", "dummy", "--seed", "1"]
-        return replace(launch, argv=argv)
+        if (self.role is None and self.launched == 2) or role == self.role:
+            return replace(launch, argv=[*launch.argv, "--load-format", "dummy", "--seed", "1"])
+        return launch
 
 
 def test_a_worker_with_other_weights_breaks_exact_continuity(vllm_cpu, tmp_path):
@@ -92,7 +94,18 @@ def test_a_worker_with_other_weights_breaks_exact_continuity(vllm_cpu, tmp_path)
     other.configure(vllm_cpu.configuration)
     result = run_case(other, STREAM, tmp_path, SETTINGS, TIMEOUT_S)
     reasons = reasons_of(result)
-    assert "the migrated text departs from the undisturbed baseline at token " in reasons
+    assert "the migrated text departs from the reference at token " in reasons
+
+
+def test_a_prefill_worker_with_other_weights_fails_a_kv_transfer_case(vllm_cpu, tmp_path):
+    """Wrong KV, consistently: every request's prefill runs on other weights, so an
+    undisturbed baseline would be as wrong as the migrated response and agree with it. The
+    reference, which the deployment did not compute, does not."""
+    other = OtherWeights(role="prefill")
+    other.configure(vllm_cpu.configuration)
+    case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
+    result = run_case(other, case, tmp_path, SETTINGS, TIMEOUT_S)
+    assert "the migrated text departs from the reference at token " in reasons_of(result)
 
 
 def test_a_sigkilled_worker_leaves_its_engine_core_and_teardown_removes_it(vllm_cpu, tmp_path):
