@@ -1,5 +1,9 @@
 """Ways to make a backend misbehave that the tests of every engine share."""
 
+import sys
+import textwrap
+from dataclasses import replace
+
 
 class WrongHolder:
     """Mixed in before a backend: its holder detector points at an idle worker of the target
@@ -13,3 +17,51 @@ class WrongHolder:
             self.pool = list(workers)
         busy = super().holders(self.pool)
         return [w for w in self.pool if w not in busy and w in workers] if busy else []
+
+
+#: Runs before the worker: double-forks a child into its own session (out of the worker's
+#: tree and group) that listens on the given port, writes its pid, then execs the worker.
+DETACH = textwrap.dedent(
+    """
+    import os, socket, sys
+    port, pidfile = int(sys.argv[1]), sys.argv[2]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            with open(pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            os.closerange(0, 3)
+            while True:
+                s.accept()[0].close()
+        os._exit(0)
+    os.wait()
+    os.execv(sys.argv[3], sys.argv[3:])
+    """
+)
+
+
+class DetachedChild:
+    """Mixed in before a backend: each worker leases one more port and leaves a detached child
+    listening on it, which writes its pid to a file named by that port (the workers share a
+    folder)."""
+
+    def ports_of(self, role):
+        return (*super().ports_of(role), "stray")
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        pidfile = folder / f"stray-{ports['stray']}.pid"
+        argv = [sys.executable, "-c", DETACH, str(ports["stray"]), str(pidfile), *launch.argv]
+        return replace(launch, argv=argv)
+
+
+def strays_under(folder) -> dict[int, int]:
+    """The detached children the workers left, port -> pid, by the files they wrote."""
+    return {
+        int(path.stem.removeprefix("stray-")): int(path.read_text())
+        for path in folder.rglob("stray-*.pid")
+        if path.read_text()
+    }

@@ -2,7 +2,9 @@
 instances, a spare nobody sees takes the faulted worker's place, a dead worker's entries are
 removed (and a case would fail on them), and a failed case takes its pool down with its logs."""
 
+import linecache
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from misbehaving import DETACH, DetachedChild, strays_under
 
 from handoff import faults
 from handoff import pool as pool_module
@@ -27,7 +30,8 @@ from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
-from handoff.runs.results import RunResults
+from handoff.runs import report
+from handoff.runs.results import CaseRecord, RunResults
 from handoff.settings import Configuration, Setting
 from handoff_mocker import MockerBackend
 
@@ -181,30 +185,6 @@ def test_a_pool_without_spares_starts_the_successor_after_the_case(pools, tmp_pa
     assert successor.name in ready(second)["workers"]
 
 
-def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, monkeypatch):
-    """The mocker reports a prefix it already holds as `cached_tokens` in the usage, in whole
-    64-token blocks (768 of the second case's tokens when it reuses the first's prompt). Two
-    kv_transfer cases of one pool send their 823-token prompts through the one prefill worker
-    of the pool: the second finds nothing of the first's cached."""
-    sent: list[InFlight] = []
-
-    class Recorded(InFlight):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            sent.append(self)
-
-    monkeypatch.setattr("handoff.runner.InFlight", Recorded)
-    cases = [Case.from_id(f"worker_failure-{api}-tcp", "kv_transfer")
-             for api in ("chat-stream", "completion-unary")]  # fmt: skip
-    results = [run_case(MockerBackend(), c, tmp_path / str(n), SETTINGS, 60, pools=pools)
-               for n, c in enumerate(cases)]  # fmt: skip
-    assert all(r.verdict.passed for r in results), [r.verdict.reasons for r in results]
-    assert ready(results[1])["pool"] == ready(results[0])["pool"]
-    assert ready(results[1])["cases_before"] == 1
-    usages = [inflight.response.usage for inflight in sent]
-    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0], usages
-
-
 def test_a_draw_refuses_a_busy_worker_and_a_silent_one_until_both_are_idle(pools, tmp_path):
     """A pool hands out only workers known to be idle: one that holds a request, and one
     stopped (SIGSTOP) so that it cannot say, are refused by name; once both answer idle, the
@@ -236,6 +216,30 @@ def test_a_draw_refuses_a_busy_worker_and_a_silent_one_until_both_are_idle(pools
         assert pool.draw(case, Deadline(10)) == deployment.workers
     finally:
         assert deployment.stop() == []
+
+
+def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, monkeypatch):
+    """The mocker reports a prefix it already holds as `cached_tokens` in the usage, in whole
+    64-token blocks (768 of the second case's tokens when it reuses the first's prompt). Two
+    kv_transfer cases of one pool send their 823-token prompts through the one prefill worker
+    of the pool: the second finds nothing of the first's cached."""
+    sent: list[InFlight] = []
+
+    class Recorded(InFlight):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            sent.append(self)
+
+    monkeypatch.setattr("handoff.runner.InFlight", Recorded)
+    cases = [Case.from_id(f"worker_failure-{api}-tcp", "kv_transfer")
+             for api in ("chat-stream", "completion-unary")]  # fmt: skip
+    results = [run_case(MockerBackend(), c, tmp_path / str(n), SETTINGS, 60, pools=pools)
+               for n, c in enumerate(cases)]  # fmt: skip
+    assert all(r.verdict.passed for r in results), [r.verdict.reasons for r in results]
+    assert ready(results[1])["pool"] == ready(results[0])["pool"]
+    assert ready(results[1])["cases_before"] == 1
+    usages = [inflight.response.usage for inflight in sent]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0], usages
 
 
 def test_keep_logs_keeps_a_passed_pools_worker_logs(tmp_path):
@@ -305,3 +309,114 @@ def test_the_results_say_whether_each_case_ran_on_a_pool_or_fresh(tmp_path, flag
     assert len(cases) == 4
     assert all(c.pool.startswith(expected) for c in cases), [c.pool for c in cases]
     assert all(len(c.workers) == 2 for c in cases)
+
+
+class DetachingMocker(DetachedChild, MockerBackend):
+    """The mocker, each of its workers leaving a detached child that holds a leased port."""
+
+
+def test_a_faulted_workers_detached_child_fails_its_own_pooled_case(pools, tmp_path, monkeypatch):
+    """The worker a pooled case faulted left a child holding one of its ports: that case fails
+    (its verdict, history, record and report), not the pool's teardown at the end of the run;
+    the others' children, whose workers still ran, are found when the pool goes with it."""
+    monkeypatch.setattr(pool_module, "TEARDOWN_TIMEOUT_S", 1.0)  # the bound ports are polled to
+    backend = DetachingMocker()
+    pool = pools.pool_for(backend, FIRST, backend.roles(FIRST.topology))  # the case's own
+    try:
+        result = run_case(backend, FIRST, tmp_path / "case", SETTINGS, 60, pools=pools)
+        assert not result.verdict.passed
+        strays = strays_under(tmp_path / "case")  # the discarded pool's folder moved there
+        assert len(strays) == 4, strays  # the drawn two, the spare, the fault's successor
+        faulted = next(e.data["worker"] for e in result.history.events if e.name == "fault_sent")
+        argv = next(p.argv for p in pool.processes if p.name == faulted)
+        port = int(argv[argv.index(DETACH) + 1])  # the port its child was told to hold
+        mine = f"port {port} still bound 1 s after teardown, by pid {strays[port]} ("
+        assert [r for r in result.verdict.reasons if r.startswith(mine)], result.verdict.reasons
+        teardown = next(e.data for e in result.history.events if e.name == "teardown_done")
+        assert len(teardown["problems"]) == 1 and teardown["problems"][0].startswith(mine)
+        discarded = next(e.data for e in result.history.events if e.name == "pool_discarded")
+        others = " ".join(discarded["problems"])
+        assert all(f"port {p} still bound" in others for p in strays if p != port)
+        assert pools.current is None
+
+        record = CaseRecord.of(result)
+        assert not record.passed and record.reasons == result.verdict.reasons
+        run_dir = tmp_path / "run"
+        RunResults("mocker", "test", str(run_dir), result.seconds, [record]).write()
+        assert report.report(run_dir) == 1
+    finally:
+        for pid in strays_under(tmp_path).values():  # the test's own, by their pid
+            os.kill(pid, signal.SIGKILL)
+
+
+class RaisingMocker(MockerBackend):
+    """A backend with a defect: its holder detector raises once a worker holds the request."""
+
+    def holders(self, workers):
+        if busy := super().holders(workers):
+            raise ValueError(f"a defect, with {busy[0].name} holding the request")
+        return busy
+
+
+def test_an_exception_mid_case_fails_that_case_and_the_next_runs_on_a_new_pool(pools, tmp_path):
+    failed = run_case(RaisingMocker(), FIRST, tmp_path / "failed", SETTINGS, 60, pools=pools)
+    assert not failed.verdict.passed and failed.verdict.phase == "request_sent"
+    (reason,) = failed.verdict.reasons
+    found = re.fullmatch(rf"ValueError at {re.escape(__file__)}:(\d+): a defect, with .+", reason)
+    assert found, reason
+    assert "raise ValueError" in linecache.getline(__file__, int(found[1]))
+    assert CaseRecord.of(failed).reasons == [reason]
+    discarded = next(e.data for e in failed.history.events if e.name == "pool_discarded")
+    assert discarded["problems"] == [] and pools.current is None
+    assert not [pid for pid in ready(failed)["pids"].values() if psutil.pid_exists(pid)]
+
+    after = run_case(MockerBackend(), SECOND, tmp_path / "after", SETTINGS, 60, pools=pools)
+    assert after.verdict.passed, after.verdict.reasons
+    assert ready(after)["pool"] != ready(failed)["pool"] and ready(after)["cases_before"] == 0
+
+
+def health_ids(deployment) -> set[int]:
+    health = requests.get(deployment.base_url + "/health", timeout=2).json()
+    return {instance["instance_id"] for instance in health.get("instances", [])}
+
+
+def unlisted(deployment, ids: set[int]):
+    """A probe: whether the frontend's /health lists none of `ids`."""
+
+    def probe():
+        seen = health_ids(deployment)
+        return (None if ids & seen else True), f"/health instances {sorted(seen)}"
+
+    return probe
+
+
+def test_a_spare_drained_by_sigterm_leaves_the_running_frontend_as_a_worker_started_there(
+    tmp_path,
+):
+    """A spare handed over registers in a folder of its own; what it deletes there when it
+    drains is deleted in the pool's folder too, so the case's frontend stops listing it as fast
+    as it stops listing a worker started in the pool's folder (as a fresh case's are). Without
+    that it stays listed until its entries' lease runs out, 10 s."""
+    backend = MockerBackend()
+    roles = backend.roles(LONG.topology)
+    pools = Pools(tmp_path / "pools", planned=Counter({PoolKey.of(backend, LONG, roles): 2}))
+    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    assert first.verdict.passed, first.verdict.reasons
+    pool = pools.pool_for(backend, LONG, roles)
+    deployment = Deployment(backend, LONG, tmp_path / "second", policy(LONG.policy), roles, pool)
+    try:
+        deployment.start(Deadline(60))
+        (spare,) = [w for w in deployment.workers if w.name in pool.own_store]
+        (native,) = [w for w in deployment.workers if w is not spare]
+        for worker in (native, spare):
+            ids = pool.instance_ids[worker.name]
+            assert ids <= health_ids(deployment)
+            worker.process.signal_tree(signal.SIGTERM, parent_only=True)  # the graceful fault's
+            poll_until(
+                unlisted(deployment, ids),
+                Deadline(3),
+                f"the frontend to stop listing {worker.name}, drained, instance {sorted(ids)}",
+            )
+    finally:
+        assert deployment.stop() == []
+    assert pools.close() == []

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import textwrap
 from dataclasses import replace
 
 import psutil
 import pytest
 from leaks import marked
+from misbehaving import DetachedChild, strays_under
 
 from handoff import faults, runner
 from handoff.cases import Case
@@ -213,50 +212,9 @@ def test_a_frontend_that_dies_or_stops_mid_case_is_named(
 
 # --- Teardown: a detached child left holding a leased port ------------------------------------
 
-#: Runs before the worker: double-forks a child into its own session (out of the worker's
-#: tree and group) that listens on the given port, writes its pid, then execs the worker.
-DETACH = textwrap.dedent(
-    """
-    import os, socket, sys
-    port, pidfile = int(sys.argv[1]), sys.argv[2]
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            s = socket.socket()
-            s.bind(("127.0.0.1", port))
-            s.listen()
-            with open(pidfile, "w") as f:
-                f.write(str(os.getpid()))
-            os.closerange(0, 3)
-            while True:
-                s.accept()[0].close()
-        os._exit(0)
-    os.wait()
-    os.execv(sys.argv[3], sys.argv[3:])
-    """
-)
 
-
-class DetachingMocker(MockerBackend):
-    """Each worker leases one more port and leaves a detached child listening on it, which
-    writes its pid to a file named by that port (the workers share a folder)."""
-
-    worker_ports = ("system", "stray")
-
-    def worker(self, role, case, model, ports, folder):
-        launch = super().worker(role, case, model, ports, folder)
-        pidfile = folder / f"stray-{ports['stray']}.pid"
-        argv = [sys.executable, "-c", DETACH, str(ports["stray"]), str(pidfile), *launch.argv]
-        return type(launch)(argv, launch.env)
-
-
-def strays_under(folder) -> dict[int, int]:
-    """The detached children the workers left, port -> pid, by the files they wrote."""
-    return {
-        int(path.stem.removeprefix("stray-")): int(path.read_text())
-        for path in folder.rglob("stray-*.pid")
-        if path.read_text()
-    }
+class DetachingMocker(DetachedChild, MockerBackend):
+    """The mocker, each of its workers leaving a detached child that holds a leased port."""
 
 
 def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path, handoff_mark):

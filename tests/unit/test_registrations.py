@@ -71,3 +71,46 @@ def test_a_worker_with_a_card_but_no_endpoint_yet_is_not_registered(tmp_path):
     assert registrations.instance_ids(tmp_path, 28923) == set()
     write(tmp_path, "instances", "dynamo%2Fbackend%2Fgenerate%2F5ed1229dfdebd7ac", {})
     assert registrations.instance_ids(tmp_path, 28923) == {GENERATE}
+
+
+def rewrite(path, value):
+    """As Dynamo rewrites an entry: a temporary file renamed over it (a new inode)."""
+    temp = path.with_name(".tmp_0123456789abcdef")
+    temp.write_text(json.dumps(value))
+    temp.replace(path)
+
+
+def test_a_mirror_keeps_a_workers_own_folder_true_in_the_shared_store(tmp_path):
+    own, store = tmp_path / "own", tmp_path / "store"
+    entry = write(own, "mdc", "dynamo%2Fbackend%2Fgenerate%2F5ed1229dfdebd7ac", card(GENERATE, 1))
+    (entry.parent / ".tmp_fedcba9876543210").write_text("half")  # Dynamo's write in the making
+    mirror = registrations.Mirror(own, store)
+    mirror.sync()
+    shared = store / entry.relative_to(own)
+    assert shared.stat().st_ino == entry.stat().st_ino  # the keep-alive freshens both
+    assert [p.name for p in shared.parent.iterdir()] == [shared.name]  # no temporary file
+
+    rewrite(entry, card(GENERATE, 2))
+    mirror.sync()
+    assert shared.stat().st_ino == entry.stat().st_ino
+    assert json.loads(shared.read_text()) == card(GENERATE, 2)
+
+    entry.unlink()  # a drained worker deletes its own entries
+    mirror.sync()
+    assert not shared.exists()
+
+
+def test_a_mirror_leaves_gone_what_the_shared_store_expired_and_what_another_wrote(tmp_path):
+    own, store = tmp_path / "own", tmp_path / "store"
+    first = write(own, "instances", "a%2F5ed1229dfdebd7ac", {})
+    second = write(own, "instances", "b%2F5ed1229dfdebd7ac", {})
+    mirror = registrations.Mirror(own, store)
+    mirror.sync()
+    (store / first.relative_to(own)).unlink()  # expired there: untouched for the lease
+    other = store / second.relative_to(own)
+    other.unlink()
+    other.write_text("{}")  # another writer's entry by that name since
+    second.unlink()
+    mirror.sync()
+    assert not (store / first.relative_to(own)).exists()
+    assert other.exists()

@@ -192,10 +192,12 @@ class Deployment:
 
     def stop(self) -> list[str]:
         """Stop the frontend, and the pool when it is this case's own; give the drawn workers
-        back to a shared pool. Returns the problems found (survivors, ports still bound)."""
+        back to a shared pool. Returns the problems found (survivors, ports still bound: a
+        shared pool's for the workers gone, as a fresh pool's for all)."""
         problems = stop_all([self.frontend] if self.frontend else [], self.leases)
         if self.fresh:
             problems += self.pool.stop()
         else:
-            self.removed = self.pool.give_back(self.workers)
+            self.removed, given_back = self.pool.give_back(self.workers)
+            problems += given_back
         return problems

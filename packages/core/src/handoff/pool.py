@@ -6,30 +6,31 @@ the cases that launch identical workers: the same backend, roles, request plane 
 `Backend.worker_variant`. A case draws every worker of the pool, exactly the instances its
 topology expects, and starts its own frontend on them (its policy, its counters from zero). A
 worker is handed out only when it is alive, registered, answering and holds no request. When
-the case ends, the worker it faulted is gone: its discovery entries are removed, so no
-frontend lists or routes to it, and a spare takes its place. A case that fails discards the
-pool.
+the case ends, the worker it faulted is gone: its tree and ports are checked gone (a problem
+fails that case), its discovery entries are removed, so no frontend lists or routes to it, and
+a spare takes its place. A case that fails discards the pool.
 
 Spares: a spare worker of the role cases fault starts with a discovery folder of its own, so
 no frontend sees it while it waits (and the running case's frontend lists exactly its own
-workers). Handing it over hard-links its entries into the pool's folder: Dynamo's keep-alive
-touches those same files in place, so they stay fresh in both (measured on Dynamo 1.6.1,
-docs/known-issues.md). In a pool that keeps spares, the successor of the worker a case
-faulted starts as a spare the moment that worker is gone, in the background of the rest of the
-case; when the case ends the oldest spare takes its place. With no spare, the successor starts
-when the case has ended, and the next case waits for it. Where
-the run says how many cases a pool will serve (`Pools(planned=...)`), no spare or successor is
-started for a case that will not come: a pool of four aggregate cases with one spare starts
-five workers in all, not seven.
+workers). From the hand-over until it exits, a thread mirrors its folder into the pool's
+(`registrations.Mirror`): each entry is hard-linked there, so Dynamo's keep-alive, which
+touches the file in place, freshens both (measured on Dynamo 1.6.1, docs/known-issues.md); an
+entry it rewrites by rename is linked anew, and one it deletes (a drain) is deleted there, so a
+frontend sees it as it sees a worker started in the pool's folder. In a pool that keeps
+spares, the successor of the worker a case faulted starts as a spare the moment that worker is
+gone, in the background of the rest of the case; when the case ends the oldest spare takes its
+place. With no spare, the successor starts when the case has ended, and the next case waits
+for it. Where the run says how many cases a pool will serve (`Pools(planned=...)`), no spare
+or successor is started for a case that will not come: a pool of four aggregate cases with
+one spare starts five workers in all, not seven.
 
 A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case and stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from itertools import count
@@ -44,7 +45,7 @@ from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import registrations, services
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.sharing import vram_ledger
 
 TEARDOWN_TIMEOUT_S = 15.0
@@ -114,6 +115,13 @@ class Pool:
         self.replaced: set[str] = set()
         #: Worker name -> the folder it registers in, for spares and the spares handed over.
         self.own_store: dict[str, Path] = {}
+        #: The spares handed over and still running, each with its folder's mirror, and the
+        #: thread that syncs them (`_keep_mirroring`); what stopped it, if anything did.
+        self.mirrors: dict[str, tuple[ManagedProcess, registrations.Mirror]] = {}
+        self._mirroring = threading.Lock()
+        self._stop_mirroring = threading.Event()
+        self._mirror_thread: threading.Thread | None = None
+        self.mirror_failure: str | None = None
         self._serial = count()
         #: The GPU reservation the workers run under, if the case that started them had one.
         self.gpu: vram_ledger.Hold | None = None
@@ -187,16 +195,35 @@ class Pool:
         return Worker(name, role, process, ports)
 
     def _hand_over(self, worker: Worker) -> None:
-        """Link a spare's entries (those it has written so far) into the pool's folder."""
+        """Mirror a spare's folder into the pool's from now until it exits: synced at once,
+        then by the pool's mirror thread."""
         own = self.own_store.get(worker.name)
-        if own is None or not own.is_dir():
+        if own is None or worker.name in self.mirrors or worker.process.exit_code() is not None:
             return
-        for entry in own.rglob("*"):
-            target = self.store / entry.relative_to(own)
-            if entry.is_file() and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(FileNotFoundError):  # its lease ran out meanwhile
-                    os.link(entry, target)  # one inode: the keep-alive freshens both
+        with self._mirroring:
+            mirror = registrations.Mirror(own, self.store)
+            mirror.sync()
+            self.mirrors[worker.name] = (worker.process, mirror)
+        if self._mirror_thread is None:
+            self._mirror_thread = threading.Thread(
+                target=self._keep_mirroring, name=f"mirror-{self.name}", daemon=True
+            )
+            self._mirror_thread.start()
+
+    def _keep_mirroring(self) -> None:
+        """Sync every mirror each poll interval until the pool stops. A spare that has exited
+        is synced once more (what its drain deleted) and mirrored no longer: its entries that
+        remain are a dead worker's, left to `give_back` as in a worker started here."""
+        try:
+            while not self._stop_mirroring.wait(POLL_INTERVAL_S):
+                with self._mirroring:
+                    for name, (process, mirror) in list(self.mirrors.items()):
+                        exited = process.exit_code() is not None  # read before its last sync
+                        mirror.sync()
+                        if exited:
+                            del self.mirrors[name]
+        except Exception as exc:  # reported by give_back: it fails the case
+            self.mirror_failure = f"the discovery mirror stopped: {type(exc).__name__}: {exc}"
 
     def draw(self, case: Case, deadline: Deadline) -> list[Worker]:
         """Every worker, once each is alive, registered and known idle: the instances of one
@@ -263,14 +290,19 @@ class Pool:
         (idle disaggregated vLLM CPU workers spin)."""
         return self.replace(worker) if self.spare_count else None
 
-    def give_back(self, drawn: list[Worker]) -> list[str]:
-        """Take back a case's workers: each one that is gone has its discovery entries
-        removed and its successor started (unless `replace` did), and the oldest spare of its
-        role takes its place. Returns the entries removed."""
+    def give_back(self, drawn: list[Worker]) -> tuple[list[str], list[str]]:
+        """Take back a case's workers: each one that is gone has its tree and ports checked gone
+        (what is left of its tree is killed, as a fresh deployment's teardown would), its
+        discovery entries removed and its successor started (unless `replace` did), and the
+        oldest spare of its role takes its place. Returns the entries removed, and the problems
+        found: each fails the case."""
+        gone = [w for w in drawn if w.process.exit_code() is not None]
+        ports = [port for w in gone for port in w.ports.values()]
+        problems = stop_trees([w.process for w in gone], ports)
+        if self.mirror_failure:
+            problems.append(self.mirror_failure)
         removed = []
-        for worker in drawn:
-            if worker.process.exit_code() is None:
-                continue
+        for worker in gone:
             removed += registrations.remove(self.store, self.instance_ids.pop(worker.name, set()))
             self.replace(worker)
             spare = next((s for s in self.spares if s.role == worker.role), None)
@@ -278,7 +310,7 @@ class Pool:
                 continue
             self.spares.remove(spare)
             self.workers[self.workers.index(worker)] = spare
-        return removed
+        return removed, problems
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first live process that exited."""
@@ -306,13 +338,24 @@ class Pool:
     def stop(self) -> list[str]:
         """Kill every process the pool started; returns the problems found (survivors, ports
         still bound); empty means clean."""
+        self._stop_mirroring.set()
+        if self._mirror_thread is not None:
+            self._mirror_thread.join()
         problems = stop_all(self.processes, self.leases)
         self._release_gpu()
         return problems
 
 
 def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
-    """SIGKILL every tree at once, wait until all are gone and every leased port is free."""
+    """`stop_trees` on every leased port, then release the leases."""
+    problems = stop_trees(processes, leases.ports)
+    leases.release()
+    return problems
+
+
+def stop_trees(processes: list[ManagedProcess], ports: list[int]) -> list[str]:
+    """SIGKILL every tree at once, wait until all are gone and every port is free (a SIGKILLed
+    process frees its sockets as its threads exit); the problems found, each naming its holder."""
     problems = []
     deadline = Deadline(TEARDOWN_TIMEOUT_S)
     started = [p for p in reversed(processes) if p.popen is not None]
@@ -324,7 +367,7 @@ def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
             problems.append(f"{process.name} still alive after SIGKILL: pids {pids}")
     try:
         poll_until(
-            lambda: (True, None) if not (busy := _busy(leases)) else (None, busy),
+            lambda: (True, None) if not (busy := _busy(ports)) else (None, busy),
             deadline,
             "the ports to be free",
         )
@@ -332,14 +375,13 @@ def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
         # Name the holder: a survivor of the trees, or a child that escaped them (detached).
         problems += [
             f"port {port} still bound {TEARDOWN_TIMEOUT_S:g} s after teardown, by {listener(port)}"
-            for port in _busy(leases)
+            for port in _busy(ports)
         ]
-    leases.release()
     return problems
 
 
-def _busy(leases: PortLeases) -> list[int]:
-    return [port for port in leases.ports if not bindable(port)]
+def _busy(ports: list[int]) -> list[int]:
+    return [port for port in ports if not bindable(port)]
 
 
 class Pools:

@@ -1,4 +1,5 @@
-"""A worker's entries in Dynamo's file discovery store (`DYN_FILE_KV`), found and removed.
+"""A worker's entries in Dynamo's file discovery store (`DYN_FILE_KV`): found, removed, and
+mirrored from a folder of its own into a shared one.
 
 A SIGKILLed worker's entries stay until its lease runs out, about 10 s, and until then every
 frontend on that folder lists and may route to the dead instance (measured on Dynamo 1.6.1,
@@ -11,16 +12,25 @@ docs/known-issues.md). Layout of the store, as Dynamo 1.6.1 writes it:
   the worker serves (`generate`, and `worker_kv_query_source_<publisher hex>` where it
   publishes KV events).
 - `v1/event_channels/...%2F<publisher hex>` and `v1/event_sources/...`: its KV-event channel.
+
+Dynamo writes an entry as a temporary `.tmp_...` file, then links or renames it into place (a
+rewrite is a new inode); its keep-alive touches the file in place; a worker that stops deletes
+its own entries; any process on the folder deletes an entry untouched for 10 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from pathlib import Path
 
 from handoff.machine.services import LOOPBACK
 
 KV_QUERY_PREFIX = "worker_kv_query_source_"
+#: Dynamo's entries in the making: its watchers and listings skip them.
+TEMP_PREFIX = ".tmp_"
 
 
 def _entries(store: Path, kind: str) -> list[Path]:
@@ -82,3 +92,53 @@ def remove(store: Path, ids: set[int]) -> list[str]:
         path.unlink(missing_ok=True)
         removed.append(str(path.relative_to(store)))
     return removed
+
+
+class Mirror:
+    """A worker's own discovery folder kept true in a shared store, one `sync` at a time: each
+    entry it has, in the store as the same inode (so its keep-alive freshens both), relinked when
+    it rewrites one by rename; each it removed, removed from the store. An entry the store's
+    expiry removed stays removed, as in a folder the worker shared."""
+
+    def __init__(self, source: Path, store: Path) -> None:
+        self.source = source
+        self.store = store
+        #: Entry (relative to both folders) -> the inode linked into the store for it.
+        self.linked: dict[Path, int] = {}
+
+    def sync(self) -> None:
+        present = self._entries()
+        for entry, inode in present.items():
+            if self.linked.get(entry) != inode:  # new, or rewritten by rename
+                self._link(entry)
+        for entry in self.linked.keys() - present.keys():
+            target = self.store / entry
+            with contextlib.suppress(FileNotFoundError):
+                if target.stat().st_ino == self.linked[entry]:  # not another writer's since
+                    target.unlink()
+            del self.linked[entry]
+
+    def _entries(self) -> dict[Path, int]:
+        entries = {}
+        for path in self.source.rglob("*"):
+            if path.name.startswith(TEMP_PREFIX):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # removed since the listing
+                info = path.lstat()
+                if stat.S_ISREG(info.st_mode):
+                    entries[path.relative_to(self.source)] = info.st_ino
+        return entries
+
+    def _link(self, entry: Path) -> None:
+        """Link the entry into the store through a temporary name, then rename it into place:
+        a frontend watching the store reads it whole, as it reads Dynamo's own writes."""
+        target = self.store / entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f"{TEMP_PREFIX}handoff-{os.getpid()}")
+        temp.unlink(missing_ok=True)
+        try:
+            os.link(self.source / entry, temp)
+        except FileNotFoundError:  # removed or renamed since the listing: the next sync sees it
+            return
+        self.linked[entry] = temp.stat().st_ino
+        os.replace(temp, target)
