@@ -220,9 +220,9 @@ def test_a_draw_refuses_a_busy_worker_and_a_silent_one_until_both_are_idle(pools
 
 def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, monkeypatch):
     """The mocker reports a prefix it already holds as `cached_tokens` in the usage, in whole
-    64-token blocks (768 of the second case's tokens when it reuses the first's prompt). Two
-    kv_transfer cases of one pool send their 823-token prompts through the one prefill worker
-    of the pool: the second finds nothing of the first's cached."""
+    KV blocks (most of the second case's prompt when it reuses the first's). Two kv_transfer
+    cases of one pool send their long prompts through the pool's one prefill worker: the
+    second finds nothing of the first's cached."""
     sent: list[InFlight] = []
 
     class Recorded(InFlight):

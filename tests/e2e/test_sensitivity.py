@@ -105,11 +105,11 @@ def test_start_up_failure_names_the_process_and_its_log(tmp_path):
 
 class FreezingMocker(MockerBackend):
     """Workers that all stop (SIGSTOP) once one reports the request in flight: the system hangs
-    mid-request (a pool's draw, which finds them idle, freezes none). They decode slowly
-    (0.29 s a token), so that the hang comes before the five tokens the fault waits for."""
+    mid-request (a pool's draw, which finds them idle, freezes none). They decode slowly, so
+    that the hang comes before the tokens the fault waits for."""
 
     def __init__(self):
-        super().__init__(speedup_ratio=0.02)
+        super().__init__(speedup_ratio=0.02)  # 0.29 s a token
         self.frozen_at = None
 
     def holders(self, workers):
