@@ -273,6 +273,9 @@ def exercise(
             f"allow ({exc})"
         ) from None
     record_response(inflight, history)
+    # Read now, before anything else reaches the frontend: the count rose when the request
+    # arrived, by the prompt as the frontend tokenized it.
+    prompt_read = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
     expected = expected_outcome(where.fault_window, case.policy)
     counts = settled_counts(
         metrics_url, model, counts_before, expected, backend.migration_counts, deadline
@@ -290,7 +293,7 @@ def exercise(
             compared_with=compared_with,
             one_token_per_frame=backend.one_token_per_frame,
             migration=migration_evidence(
-                targets, holder, response, metrics_url, prompts_before, history
+                targets, holder, response, prompt_read - prompts_before, history
             ),
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
@@ -315,14 +318,12 @@ def migration_evidence(
     targets: list[Worker],
     holder: Worker,
     response: Response,
-    metrics_url: str,
-    prompts_before: float,
+    prompt: float,
     history: History,
 ) -> continuity.Migration:
     """What the re-issued context is judged with beside the stream: the prompt's length as the
-    frontend tokenized it (its count rose by the case's one request), when the fault was sent,
-    and which other worker of the faulted role logged receiving the request."""
-    prompt = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS) - prompts_before
+    frontend tokenized it (`prompt`: what its count rose by with the case's one request), when
+    the fault was sent, and which other worker of the faulted role logged receiving it."""
     fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
     logs = {w.name: w.process.log_path for w in targets if w is not holder}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
