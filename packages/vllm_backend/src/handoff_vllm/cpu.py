@@ -65,11 +65,10 @@ NICENESS = 10
 CONTEXT_TOKENS = 4096
 OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048}
 #: Those lengths are what this machine needs, at most: on a slower one, a case's request gets
-#: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace), so
-#: its stream lasts as long as the harness needs, not five times longer. Each is well above
-#: the length's streaming time here (benchmarks/RESULTS.md), so that only a slower machine
-#: cuts it.
-OUTPUT_SECONDS = {"aggregate": 8.0, "decode": 16.0, "kv_transfer": 20.0}
+#: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace),
+#: so that its stream lasts as long as the harness needs, not five times longer. Each is above
+#: the length's streaming time here, so that only a slower machine cuts it.
+OUTPUT_SECONDS = {"aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0}
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
