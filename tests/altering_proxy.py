@@ -2,160 +2,226 @@
 at the migration, the way a frontend that replays or drops a token there would: Dynamo has no
 switch that makes its frontend do it.
 
-Every server-sent event is forwarded a fixed `DELAY_S` after it came, so the gaps the client
-sees are the frontend's own; that delay is what lets the proxy know, when it forwards a frame,
-whether a pause follows it. The frame before the migration is the last one followed by a
-pause once the worker that takes the request over has logged receiving it (`taken_over`).
+It runs as a process of its own, so that its forwarding never waits for the test's interpreter
+(the client and the runner read and poll there), and forwards every server-sent event the
+moment it comes, so the gaps the client sees are the frontend's own. It does not guess where
+the migration is from timing: the test says. `alter` arms it while the faulted worker still
+runs and answers once the next content frame has been altered; `migrating`, sent once that
+worker is stopped and the client has read everything there was, says that every frame from
+then on is the new worker's.
+
+`AlteringProxy` is the test's side: it starts the process (`python altering_proxy.py UPSTREAM
+MODE`, on 127.0.0.1) and talks to it one JSON line per command on its stdin and stdout.
 """
 
 from __future__ import annotations
 
 import json
-import queue
+import select
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
 from handoff.client import Chunk
 
-#: Longer than a decode step, shorter than the new worker's prefill.
-DELAY_S = 0.012
-#: How often a held frame looks again for the next frame or the takeover.
-HOLD_POLL_S = 0.001
-#: The ways to alter the stream: replay the last frame before the migration (and drop the final
-#: content frame, so the count stays at max_tokens), or lose that frame and repeat the third
-#: frame after the migration; None forwards the stream as it came.
+#: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
+#: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
+#: migration; None forwards the stream as it came.
 MODES = ("replay", "lost_and_repeated", None)
+#: How long the armed proxy waits for a content frame to alter.
+ALTER_TIMEOUT_S = 5.0
+#: How long the test waits for the proxy to answer a command, or to exit once told.
+ANSWER_TIMEOUT_S = 10.0
 
 
 class AlteringProxy:
-    """Forwards POSTs to `upstream` on a port of its own; `url` is where clients send them."""
+    """The proxy's process, forwarding POSTs to `upstream`; `url` is where clients send them.
+    `close` stops and reaps it."""
 
-    def __init__(self, upstream: str, mode: str | None, taken_over: Callable[[], bool]) -> None:
+    def __init__(self, upstream: str, mode: str | None) -> None:
         assert mode in MODES
-        self.upstream, self.mode, self.taken_over = upstream, mode, taken_over
-        #: What was done to the stream, for the test to assert on: ("replayed", n) ...
-        self.altered: list[tuple[str, int]] = []
-        proxy = self
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, upstream, str(mode)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.url: str = self.answer("start")["url"]
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # chunked, as the frontend sends it: frame by frame
+    def alter(self) -> list[list]:
+        """Alter the next content frame (nothing in mode None); what was done so far."""
+        return self.ask("alter")["altered"]
 
-            def do_POST(self) -> None:
-                proxy.relay(self)
+    def migrating(self) -> None:
+        """Every frame from now on is the new worker's."""
+        self.ask("migrating")
 
-            def log_message(self, *args) -> None:
-                pass
+    def status(self) -> dict:
+        """`forwarded`: content frames sent to the client; `last_content_at`: when the last
+        content frame came from the frontend (monotonic, the same clock as the test's)."""
+        return self.ask("status")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def altered(self) -> list[tuple[str, int]]:
+        """What was done to the stream: ("replayed", 1), ("lost", 1), ("repeated", 3)..."""
+        return [tuple(a) for a in self.ask("status")["altered"]]
+
+    def ask(self, command: str) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.answer(command)
+
+    def answer(self, command: str) -> dict:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], ANSWER_TIMEOUT_S)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(
+                f"the altering proxy (pid {self.process.pid}) gave no answer to {command!r} in "
+                f"{ANSWER_TIMEOUT_S:.0f} s; exit code {self.process.poll()}"
+            )
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the altering proxy, asked {command!r}: {answer['error']}")
+        return answer
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-    def relay(self, handler: BaseHTTPRequestHandler) -> None:
-        body = handler.rfile.read(int(handler.headers["Content-Length"]))
-        with requests.post(
-            self.upstream + handler.path,
-            data=body,
-            headers={"Content-Type": "application/json"},
-            stream=True,
-            timeout=(5, 60),
-        ) as upstream:
-            handler.send_response(upstream.status_code)
-            handler.send_header("Content-Type", upstream.headers.get("Content-Type", ""))
-            handler.send_header("Transfer-Encoding", "chunked")
-            handler.send_header("Connection", "close")
-            handler.end_headers()
-            arrivals: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
-            reader = threading.Thread(target=read_events, args=(upstream, arrivals))
-            reader.start()
-            self.forward(arrivals, handler)
-            reader.join()
-            handler.wfile.write(b"0\r\n\r\n")
-
-    def forward(self, arrivals: queue.Queue, handler: BaseHTTPRequestHandler) -> None:
-        """Send each event `DELAY_S` after it came, altered where `mode` says."""
-        pending: list[tuple[float, bytes]] = []
-        ended = False
-        after_migration: int | None = None  # content frames sent since the migration
-        while pending or not ended:
-            due = pending[0][0] + DELAY_S if pending else None
-            if not ended and (due is None or time.monotonic() < due):
-                timeout = None if due is None else max(0.0, due - time.monotonic())
-                try:
-                    item = arrivals.get(timeout=timeout)
-                except queue.Empty:
-                    continue
-                if item is None:
-                    ended = True
-                else:
-                    pending.append(item)
-                continue
-            _, event = pending.pop(0)
-            sends = [event]
-            if is_content(event):
-                quiet = not pending and not ended  # nothing came within DELAY_S
-                if after_migration is None and self.mode and quiet:
-                    ended = self.hold(pending, arrivals)
-                    last_before_migration = not pending and not ended
-                else:
-                    last_before_migration = False
-                if last_before_migration:
-                    after_migration = 0
-                    if self.mode == "replay":
-                        sends = [event, event]
-                        self.altered.append(("replayed", 1))
-                    elif self.mode == "lost_and_repeated":
-                        sends = []
-                        self.altered.append(("lost", 1))
-                elif after_migration is not None:
-                    after_migration += 1
-                    if self.mode == "lost_and_repeated" and after_migration == 3:
-                        sends = [event, event]
-                        self.altered.append(("repeated", 3))
-                    later = [e for _, e in pending]
-                    final = any(map(is_finish, later)) and not any(map(is_content, later))
-                    if self.mode == "replay" and final:
-                        sends = []
-                        self.altered.append(("dropped_final", 1))
-            for data in sends:
-                handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def hold(self, pending: list, arrivals: queue.Queue) -> bool:
-        """Keep the frame about to go while the frontend is quiet, until the next event comes
-        (then it was not the last before the migration) or another worker has taken the
-        request over. Returns whether the stream ended meanwhile."""
-        while not self.taken_over():
-            try:
-                item = arrivals.get(timeout=HOLD_POLL_S)
-            except queue.Empty:
-                continue
-            if item is None:
-                return True
-            pending.append(item)
-            return False
-        return False
+        """Stop the process (EOF on its stdin, SIGKILL if it outlives the wait) and reap it."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(ANSWER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
 
 
-def read_events(upstream: requests.Response, arrivals: queue.Queue) -> None:
-    """Put each whole SSE event of `upstream` on `arrivals` with when it came; None at the end."""
-    buffer = b""
-    for piece in upstream.iter_content(chunk_size=None):
-        buffer += piece
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            arrivals.put((time.monotonic(), event + b"\n\n"))
-    if buffer:
-        arrivals.put((time.monotonic(), buffer))
-    arrivals.put(None)
+class Alterations:
+    """The proxy process's state, shared by the request it relays and the test's commands."""
+
+    def __init__(self, mode: str | None) -> None:
+        self.mode = mode
+        self.lock = threading.Lock()
+        self.altered: list[tuple[str, int]] = []
+        self.armed = False
+        self.done = threading.Event()
+        self.after_migration: int | None = None  # content frames since `migrating`
+        self.received = 0  # content frames from the frontend
+        self.forwarded = 0  # content frames to the client
+        self.last_content_at: float | None = None
+
+    def sends(self, event: bytes, max_tokens: int | None) -> list[bytes]:
+        """What goes to the client for `event` from the frontend."""
+        if not is_content(event):
+            return [event]
+        with self.lock:
+            self.received += 1
+            self.last_content_at = time.monotonic()
+            sends = self.altered_content(event, max_tokens)
+            self.forwarded += len(sends)
+        return sends
+
+    def altered_content(self, event: bytes, max_tokens: int | None) -> list[bytes]:
+        if self.armed:
+            self.armed = False
+            self.done.set()
+            if self.mode == "replay":
+                self.altered.append(("replayed", 1))
+                return [event, event]
+            self.altered.append(("lost", 1))
+            return []
+        if self.after_migration is not None:
+            self.after_migration += 1
+            if self.mode == "lost_and_repeated" and self.after_migration == 3:
+                self.altered.append(("repeated", 3))
+                return [event, event]
+        if self.mode == "replay" and self.altered and self.received == max_tokens:
+            self.altered.append(("dropped_final", 1))
+            return []
+        return [event]
+
+    def command(self, name: str) -> dict:
+        if name == "alter":
+            if self.mode is not None:
+                with self.lock:
+                    self.armed = True
+                if not self.done.wait(ALTER_TIMEOUT_S):
+                    return {"error": f"no content frame came in {ALTER_TIMEOUT_S:.0f} s"}
+        elif name == "migrating":
+            with self.lock:
+                self.after_migration = 0
+        elif name != "status":
+            return {"error": f"unknown command {name!r}: alter, migrating or status"}
+        with self.lock:
+            return {
+                "altered": self.altered,
+                "forwarded": self.forwarded,
+                "last_content_at": self.last_content_at,
+            }
+
+
+def serve(upstream: str, mode: str | None) -> None:
+    """Relay on a port of 127.0.0.1 until stdin closes, answering a command per line."""
+    state = Alterations(mode)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # chunked, as the frontend sends it: frame by frame
+
+        def do_POST(self) -> None:
+            # Each frame goes out in its own segment, the moment it is written.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            relay(self, upstream, state)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    say({"url": f"http://127.0.0.1:{server.server_address[1]}"})
+    for line in sys.stdin:
+        say(state.command(line.strip()))
+    server.shutdown()
+    server.server_close()
+
+
+def say(answer: dict) -> None:
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) -> None:
+    """Forward one POST and its streamed answer, each whole SSE event as it comes."""
+    body = handler.rfile.read(int(handler.headers["Content-Length"]))
+    max_tokens = json.loads(body).get("max_tokens")
+    with requests.post(
+        upstream + handler.path,
+        data=body,
+        headers={"Content-Type": "application/json"},
+        stream=True,
+        timeout=(5, 60),
+    ) as answer:
+        handler.send_response(answer.status_code)
+        handler.send_header("Content-Type", answer.headers.get("Content-Type", ""))
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        buffer = b""
+        for piece in answer.iter_content(chunk_size=None):
+            buffer += piece
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                for data in state.sends(event + b"\n\n", max_tokens):
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if buffer:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(buffer), buffer))
+        handler.wfile.write(b"0\r\n\r\n")
 
 
 def frame(event: bytes) -> Chunk | None:
@@ -173,5 +239,5 @@ def is_content(event: bytes) -> bool:
     return bool((chunk := frame(event)) and chunk.text)
 
 
-def is_finish(event: bytes) -> bool:
-    return bool((chunk := frame(event)) and chunk.choice.get("finish_reason"))
+if __name__ == "__main__":
+    serve(sys.argv[1], None if sys.argv[2] == "None" else sys.argv[2])
