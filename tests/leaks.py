@@ -13,11 +13,21 @@ from handoff.machine.ownership import MARK_ENV
 
 
 def marked(value: str) -> list[psutil.Process]:
-    """The living processes whose environment carries `value` as handoff's mark."""
+    """The running processes whose environment carries `value` as handoff's mark."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in running(list(psutil.process_iter())):
         # Another user's process, or one gone meanwhile, is none of ours.
         with contextlib.suppress(psutil.Error):
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARK_ENV) == value:
+            if proc.environ().get(MARK_ENV) == value:
                 found.append(proc)
     return found
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `processes` still running: a zombie has exited, and only waits to be reaped."""
+    alive = []
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+    return alive

@@ -4,7 +4,7 @@ import uuid
 
 import psutil
 import pytest
-from leaks import marked
+from leaks import marked, running
 
 from handoff.machine.ownership import MARK_ENV
 
@@ -31,6 +31,7 @@ def nothing_left_running(request, handoff_mark):
     if engine := request.node.funcargs.get("docker_engine"):
         dockerd = psutil.Process(engine.process.pid)
         kept |= {p.pid for p in [dockerd, *dockerd.children(recursive=True)]}
-    ours = {p.pid: p for p in [*psutil.Process().children(recursive=True), *marked(handoff_mark)]}
+    tree = running(psutil.Process().children(recursive=True))
+    ours = {p.pid: p for p in [*tree, *marked(handoff_mark)]}
     left = [p for pid, p in sorted(ours.items()) if pid not in kept]
     assert left == [], f"processes left behind: {[(p.pid, p.name()) for p in left]}"
