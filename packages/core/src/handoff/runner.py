@@ -195,7 +195,7 @@ def exercise(
     request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
-        pace = measure_pace(deployment.base_url, request, deadline)
+        pace = measure_pace(deployment.base_url, request, len(deployment.workers), deadline)
         shape = sized_to(pace, seconds, shape)
         request = replace(request, max_tokens=shape.max_tokens)
         history.record(

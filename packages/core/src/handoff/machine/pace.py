@@ -2,7 +2,7 @@
 of one kind differ by 2x and more, and an engine on CPUs differs most: an output length tuned
 on one machine streams five times longer on another, past its case's deadline. So a backend
 whose pace depends on the machine names how long a case's output should stream
-(`Backend.output_seconds`); a short streamed warm-up request measures the tokens a second, the
+(`Backend.output_seconds`); short streamed warm-up requests measure the tokens a second, the
 case's request gets that many seconds of tokens, and the response must end within a bound
 derived from the same rate, or the case fails as hung."""
 
@@ -37,17 +37,24 @@ class Pace:
         return tokens / self.tokens_per_s
 
 
-def measure_pace(base_url: str, request: Request, deadline: Deadline) -> Pace:
-    """Stream `request` cut to WARMUP_TOKENS, and time its decode: from the first content
-    frame to the last, which leaves the prefill and the connection out."""
+def measure_pace(base_url: str, request: Request, workers: int, deadline: Deadline) -> Pace:
+    """Stream `request` cut to WARMUP_TOKENS once for each of the deployment's `workers`, so
+    that the router's round robin gives every worker a request before the case's (a worker's
+    first request pays for its start: a slow first token, a KV transfer's handshake), and time
+    each decode from its first content frame to its last; the slowest is the pace."""
     warmup = replace(request, stream=True, max_tokens=WARMUP_TOKENS)
-    response = Response()
-    client.send(base_url, warmup, response, read_timeout_s=deadline.remaining())
-    frames = [chunk.at for chunk in response.chunks if chunk.text]
-    if response.status != 200 or response.error or response.exception or len(frames) < 2:
-        raise CaseFailure(f"the warm-up request that times the engine failed: {response.summary()}")
-    tokens = response.completion_tokens or len(frames)
-    return Pace((tokens - 1) / max(frames[-1] - frames[0], 1e-3))
+    rates = []
+    for _ in range(workers):
+        response = Response()
+        client.send(base_url, warmup, response, read_timeout_s=deadline.remaining())
+        frames = [chunk.at for chunk in response.chunks if chunk.text]
+        if response.status != 200 or response.error or response.exception or len(frames) < 2:
+            raise CaseFailure(
+                f"the warm-up request that times the engine failed: {response.summary()}"
+            )
+        tokens = response.completion_tokens or len(frames)
+        rates.append((tokens - 1) / max(frames[-1] - frames[0], 1e-3))
+    return Pace(min(rates))
 
 
 def sized_to(pace: Pace, seconds: float, shape: Shape) -> Shape:
