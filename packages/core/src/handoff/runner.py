@@ -199,7 +199,10 @@ def exercise(
         shape = sized_to(pace, seconds, shape)
         request = replace(request, max_tokens=shape.max_tokens)
         history.record(
-            "paced", tokens_per_s=round(pace.tokens_per_s, 1), max_tokens=shape.max_tokens
+            "paced",
+            slowest_tokens_per_s=round(pace.slowest, 1),
+            fastest_tokens_per_s=round(pace.fastest, 1),
+            max_tokens=shape.max_tokens,
         )
     expected_text, compared_with = backend.reference(case.api, shape), "the reference"
     if expected_text is None and backend.deterministic:
@@ -269,7 +272,7 @@ def exercise(
             raise
         raise CaseFailure(
             f"hung: the response was still open {bound:.0f} s after it was sent, the bound "
-            f"its {shape.max_tokens} tokens at the measured {pace.tokens_per_s:.0f} tokens/s "
+            f"its {shape.max_tokens} tokens at the slowest measured {pace.slowest:.0f} tokens/s "
             f"allow ({exc})"
         ) from None
     record_response(inflight, history)

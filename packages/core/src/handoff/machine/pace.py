@@ -29,19 +29,26 @@ FIXED_S = 30.0
 
 @dataclass(frozen=True)
 class Pace:
-    """Output tokens a second, as the client read them from the warm-up's stream."""
+    """Output tokens a second, as the client read them from the warm-up streams: the slowest
+    and the fastest of them."""
 
-    tokens_per_s: float
+    slowest: float
+    fastest: float
+
+    def tokens_for(self, seconds: float) -> int:
+        """Tokens that stream for at least `seconds`, even at the fastest pace seen."""
+        return round(self.fastest * seconds)
 
     def seconds_for(self, tokens: int) -> float:
-        return tokens / self.tokens_per_s
+        """How long `tokens` take at worst, at the slowest pace seen."""
+        return tokens / self.slowest
 
 
 def measure_pace(base_url: str, request: Request, workers: int, deadline: Deadline) -> Pace:
     """Stream `request` cut to WARMUP_TOKENS once for each of the deployment's `workers`, so
     that the router's round robin gives every worker a request before the case's (a worker's
     first request pays for its start: a slow first token, a KV transfer's handshake), and time
-    each decode from its first content frame to its last; the slowest is the pace."""
+    each decode from its first content frame to its last."""
     warmup = replace(request, stream=True, max_tokens=WARMUP_TOKENS)
     rates = []
     for _ in range(workers):
@@ -54,13 +61,13 @@ def measure_pace(base_url: str, request: Request, workers: int, deadline: Deadli
             )
         tokens = response.completion_tokens or len(frames)
         rates.append((tokens - 1) / max(frames[-1] - frames[0], 1e-3))
-    return Pace(min(rates))
+    return Pace(min(rates), max(rates))
 
 
 def sized_to(pace: Pace, seconds: float, shape: Shape) -> Shape:
     """`shape` with `seconds` of output at `pace`: its own max_tokens at most (what the
     context leaves, or what the backend found enough), FLOOR_TOKENS at least."""
-    wanted = round(pace.tokens_per_s * seconds)
+    wanted = pace.tokens_for(seconds)
     tokens = max(min(FLOOR_TOKENS, shape.max_tokens), min(wanted, shape.max_tokens))
     return replace(shape, max_tokens=tokens)
 
