@@ -17,17 +17,19 @@ What each backend allows:
   generated). It must be the prompt plus exactly the tokens the client read before the new
   worker's first one. Where the new worker's tokens begin is the migration's pause in the
   client's reading (`boundary`): certain when that pause ends after the new worker received the
-  request, stands out from every other gap near it, and is not followed by frames read back to
-  back (a client that fell behind). Then a token replayed (the client has it, the context does
-  not) or lost (the context has it, the client does not) at the migration fails the case, even
-  with the total still at `max_tokens`. Where the pause is ambiguous, only what causality
-  proves is checked: every token the client read before the new worker received the request
-  must be in the context (a replay still fails; a loss cannot be told from a late read), and a
-  note says so. A token lost or repeated away from the migration, with the total unchanged, is
-  invisible wherever token identity is random (the mocker): frames carry no index;
-- a deterministic backend (temperature 0, fixed seed: vLLM and the GPU engines) also gets its
-  migrated text compared with an undisturbed baseline of the same request, token for token,
-  and the first differing token named;
+  request, is longer than a loaded client's stall can pass for, stands out from every other gap
+  near it, and is not followed by frames read back to back (a client that fell behind). Then a
+  token replayed (the client has it, the context does not) or lost (the context has it, the
+  client does not) at the migration fails the case, even with the total still at `max_tokens`.
+  Where the pause is ambiguous, only what causality proves is checked: every token the client
+  read before the new worker received the request must be in the context (a replay still fails;
+  a loss cannot be told from a late read), and a note says so. A token lost or repeated away
+  from the migration, with the total unchanged, is invisible wherever token identity is random
+  (the mocker): frames carry no index;
+- a backend with a reference (`Backend.reference`: vLLM's built-in model on the CPU) gets every
+  response compared with it, token for token, and the first differing token named; a
+  deterministic backend without one (the GPU engines) gets its migrated text compared so with
+  an undisturbed baseline of the same request, served by the deployment first;
 - otherwise what cannot be checked is said in a note, not pretended: the mocker draws its
   tokens at random, so its migrated text is never compared with a baseline.
 """
@@ -55,6 +57,11 @@ DISTINCT = 1.5
 #: Frames read closer together than this after the pause had queued up at a client that fell
 #: behind: a worker's tokens come a decode step apart.
 BURST_S = 0.001
+#: The least pause that can be the migration's for certain: a client, or the frontend, on a
+#: loaded machine stalls for tens of milliseconds at times, and a stall just after the new
+#: worker's first frames looks like the migration's pause (seen once in a loaded test run: a
+#: 33 ms stall two frames after the real boundary, which would have read as "2 replayed").
+MIN_PAUSE_S = 0.2
 #: Dynamo's worker log line for a request it received, with the request id (the response id
 #: without its `chatcmpl-` or `cmpl-` prefix).
 RECEIVED = re.compile(r"^(\S+Z)\s.*\brequest received request_id=(\S+)")
@@ -224,6 +231,9 @@ def boundary(times: list[float], fault_at: float, taken: Takeover) -> Boundary:
     pause = max(candidates, key=gap)
     where = f"the {gap(pause) * 1000:.1f} ms pause before frame {pause + 1}"
     others = [gap(i) for i in candidates if i > pause]  # the new worker's own steps
+    if gap(pause) < MIN_PAUSE_S:
+        why = f"{where} is shorter than a stall of the client's can be ({MIN_PAUSE_S} s)"
+        return Boundary(pause, False, why)
     if others and gap(pause) < DISTINCT * max(others):
         why = f"{where} is not {DISTINCT}x the {max(others) * 1000:.1f} ms gap after it"
         return Boundary(pause, False, why)
