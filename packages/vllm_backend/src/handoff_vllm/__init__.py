@@ -29,6 +29,7 @@ decode worker publishes no KV events.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
@@ -226,6 +227,9 @@ class VllmBackend(DynamoGpuBackend):
         if "nixl" in self.ports_of(role):
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports["nixl"])
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = LOOPBACK
+            if self.on_cpu:
+                inherited = os.environ.get("PYTHONPATH")
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cpu.NIXL_POLLED), inherited]))
         return env
 
     @property

@@ -21,15 +21,19 @@
 - NIXL moves KV between a prefill and a decode worker through host memory
   (`kv_buffer_device` cpu), counted in `vllm:nixl_xfer_time_seconds_count` as on a GPU;
 - each worker's NIXL agent runs a progress thread that never sleeps (NIXL's Python agent
-  creates it with a zero delay, and vLLM leaves it on): a prefill and two decode workers keep
-  both cores busy while idle, and the harness, polling for the request in flight, lost the race
-  to a 2-second stream. The workers run at a lower priority (`nice`), so the harness and the
-  frontend, which sleep between reads, run as soon as they wake.
+  creates it with a zero delay, and vLLM leaves it on): a prefill and two decode workers kept
+  both cores busy while idle, and on a machine slowed to one core their pool never started.
+  The disaggregated workers create their agents without it (`nixl_polled`): NIXL then
+  progresses a transfer when vLLM polls it, every engine step;
+- the workers run at a lower priority (`nice`), so the harness and the frontend, which sleep
+  between reads, run as soon as they wake.
 
 Prefix caching is off as on a GPU (handoff_vllm passes it for every device).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from handoff.machine.services import LOOPBACK
 
@@ -50,6 +54,9 @@ FLAGS = [
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip
 KV_BUFFER = {"kv_buffer_device": "cpu"}
+#: Leads a disaggregated worker's PYTHONPATH: its `sitecustomize` turns NIXL's progress
+#: thread off.
+NIXL_POLLED = Path(__file__).with_name("nixl_polled")
 #: The `nice` increment of every worker; the harness and the frontend run at the default 0.
 NICENESS = 10
 #: A kv_transfer case's 192 output tokens (all the GPU's 1,024-token context leaves after the
