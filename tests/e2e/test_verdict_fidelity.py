@@ -182,7 +182,7 @@ def test_a_response_finished_inside_the_graceful_bound_is_a_fault_that_came_too_
     ("step", "sig", "said"),
     [
         ("prove_in_flight", signal.SIGKILL, "its process exited with code -9"),
-        ("inject", signal.SIGSTOP, "its process is stopped"),
+        ("inject", signal.SIGSTOP, "its process is stopped, using 0% of a core"),
     ],
     ids=["killed-once-the-request-is-in-flight", "stopped-right-after-the-fault"],
 )

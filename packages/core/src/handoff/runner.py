@@ -157,8 +157,13 @@ def unanswered(deployment: Deployment, exc: requests.RequestException) -> str:
     frontend = deployment.frontend
     if frontend is None or not url or not url.startswith(deployment.base_url):
         return str(exc)
+    used_before = frontend.cpu_seconds()
     code = frontend.exit_code_within(EXIT_WAIT_S)  # a killed process may still be dying
+    used_after = frontend.cpu_seconds()
     state = f"exited with code {code}" if code is not None else f"is {frontend.state()}"
+    if code is None and used_before is not None and used_after is not None:
+        # Starved (busy or runnable, but slow) or stalled (asleep, using nothing) read apart.
+        state += f", using {(used_after - used_before) / EXIT_WAIT_S:.0%} of a core"
     return (
         f"the frontend stopped answering mid-case ({type(exc).__name__} on {url}): its "
         f"process {state}; log {frontend.log_path}:\n{frontend.log_tail()}"

@@ -151,6 +151,14 @@ class ManagedProcess:
         except (KeyError, psutil.Error):
             return "gone"
 
+    def cpu_seconds(self) -> float | None:
+        """User and system CPU time the process used so far; None once it is gone."""
+        try:
+            used = self._known[self.pid].cpu_times()
+        except (KeyError, psutil.Error):
+            return None
+        return used.user + used.system
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
