@@ -40,6 +40,18 @@ def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
     return env
 
 
+#: Tokio's own default for the frontend's blocking threads. Dynamo 1.6.1 caps them at the
+#: number of cores; a frontend on the NATS plane with a prefill router then deadlocked on one
+#: core while it started (never answered HTTP; a worker thread parked in `block_in_place` inside
+#: `ComponentBuilder::build`), and once on two cores mid-case (docs/known-issues.md).
+FRONTEND_ENV = {"DYN_RUNTIME_MAX_BLOCKING_THREADS": "512"}
+
+
+def frontend_env(runtime: dict[str, str]) -> dict[str, str]:
+    """The frontend's environment: the deployment's runtime environment and FRONTEND_ENV."""
+    return {**runtime, **FRONTEND_ENV}
+
+
 def nats_command(port: int, store_dir: Path) -> list[str]:
     return [find_nats_server(), "-a", LOOPBACK, "-p", str(port), "-js", "-sd", str(store_dir)]
 
