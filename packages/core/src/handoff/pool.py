@@ -287,7 +287,7 @@ class Pool:
     def replace_beside_case(self, worker: Worker) -> Worker | None:
         """`replace` while the worker's case still runs; a pool that keeps no spare leaves it
         to `give_back`, so that nothing but the case's own processes runs beside the case
-        (idle disaggregated vLLM CPU workers spin)."""
+        (on a small machine every busy worker slows the case)."""
         return self.replace(worker) if self.spare_count else None
 
     def give_back(self, drawn: list[Worker]) -> tuple[list[str], list[str]]:
@@ -386,9 +386,9 @@ def _busy(ports: list[int]) -> list[int]:
 
 class Pools:
     """The pool of one pytest process: one at a time, since a pool's cases run one after
-    another (handoff.sharing.scheduling) and an idle worker is not free everywhere (a disaggregated
-    vLLM worker on a CPU spins). Nothing outlives `close()`; a pool's logs stay only where a
-    case failed on it, or everywhere with `keep_logs`."""
+    another (handoff.sharing.scheduling) and an idle worker is not free everywhere (a vLLM
+    worker on a CPU holds gigabytes of memory). Nothing outlives `close()`; a pool's logs stay
+    only where a case failed on it, or everywhere with `keep_logs`."""
 
     def __init__(
         self,

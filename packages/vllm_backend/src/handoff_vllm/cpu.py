@@ -86,16 +86,17 @@ TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0}
 #: the case before the one that needs it; more spares start at once and slow each other: the
 #: 8 aggregate cases took 91.9 s pooled with one spare, 103.7 s with three (five workers
 #: starting at once were ready after 39 s, three after 22 s) and 134.2 s fresh, in one run
-#: (benchmarks/RESULTS.md). Disaggregated pools keep none (`VllmBackend.spare_workers`): an
-#: idle disaggregated worker's NIXL thread keeps a core busy, and with a spare decode worker
-#: beside a prefill and two decode workers on 2 cores a decode worker's NIXL handshake with
-#: the prefill worker timed out (`handshake_setup_failed`, zmq `Again` after 20 s: the
-#: baseline failed with HTTP 500; benchmarks/RESULTS.md).
+#: (benchmarks/RESULTS.md). Disaggregated pools keep none (`VllmBackend.spare_workers`): with a
+#: spare decode worker beside a prefill and two decode workers on 2 cores, while NIXL's
+#: progress threads still spun, a decode worker's NIXL handshake with the prefill worker timed
+#: out (`handshake_setup_failed`, zmq `Again` after 20 s: the baseline failed with HTTP 500;
+#: benchmarks/RESULTS.md). Not measured again since the threads are off.
 SPARE_WORKERS = 1
 #: 3x the slowest start-up measured there: three workers importing torch and vLLM at once
 #: (83.8 s).
 STARTUP_TIMEOUT_S = 250.0
-#: What one case keeps busy: a disaggregated case's three NIXL progress threads spin, so two
-#: such cases at once on 2 cores starved their workers out of discovery (HTTP 404 for both;
-#: benchmarks/RESULTS.md). Two CPUs a case: -n 2 on 2 cores runs one case at a time.
+#: What one case keeps busy: three vLLM workers streaming. Two disaggregated cases at once on
+#: 2 cores (while NIXL's progress threads still spun) starved their workers out of discovery
+#: (HTTP 404 for both; benchmarks/RESULTS.md). Two CPUs a case: -n 2 on 2 cores runs one case
+#: at a time.
 CPUS_PER_CASE = 2.0
