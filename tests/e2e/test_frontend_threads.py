@@ -1,9 +1,11 @@
-"""Dynamo's frontend caps its blocking threads at the number of cores. On the NATS plane with a
-prefill router, a frontend with one worker thread and one blocking thread (Dynamo's defaults
-on a one-core machine) never answers HTTP: handoff starts every frontend with tokio's own cap
-(services.FRONTEND_ENV). Both halves run against the real frontend and mocker workers."""
+"""Dynamo caps a runtime's blocking threads at the number of cores. With every process pinned
+to one core, on the NATS plane with a prefill router, the deployment never became ready (the
+frontend did not answer HTTP): handoff gives every Dynamo process tokio's own cap
+(services.RUNTIME_THREADS). Both halves run against the real frontend and mocker workers."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -16,18 +18,18 @@ from handoff.pool import StartupFailure
 from handoff_mocker import MockerBackend
 
 CASE = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "decode")
-#: Dynamo's own choice on a one-core machine: a thread of each kind per core.
-ONE_CORE = {"DYN_RUNTIME_NUM_WORKER_THREADS": "1", "DYN_RUNTIME_MAX_BLOCKING_THREADS": "1"}
-#: The mocker's decode deployment is ready in about a second; a deadlocked one never is.
+#: The mocker's decode deployment is ready in about a second on one core; a deadlocked one never.
 READY_BOUND_S = 10.0
 
 
 @pytest.fixture(autouse=True)
-def one_core(monkeypatch):
-    """Every process of the deployment gets Dynamo's one-core thread counts; the frontend's
-    own variables (services.FRONTEND_ENV) come on top."""
-    runtime_env = services.runtime_env
-    monkeypatch.setattr(services, "runtime_env", lambda *args: {**runtime_env(*args), **ONE_CORE})
+def one_core():
+    """This process and every process it starts (they inherit it) run on one core, so Dynamo
+    sizes its runtimes for one."""
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    yield
+    os.sched_setaffinity(0, cores)
 
 
 def start(tmp_path) -> None:
@@ -41,11 +43,15 @@ def start(tmp_path) -> None:
         assert deployment.stop() == []
 
 
-def test_a_one_core_frontend_starts_with_handoff_s_blocking_threads(tmp_path):
+def test_on_one_core_the_deployment_starts_with_handoff_s_blocking_threads(tmp_path):
     start(tmp_path)
+    assert (
+        "num_worker_threads=1, max_blocking_threads=512" in (tmp_path / "frontend.log").read_text()
+    )
 
 
-def test_with_dynamo_s_one_core_cap_it_never_answers(tmp_path, monkeypatch):
-    monkeypatch.setattr(services, "FRONTEND_ENV", {})
+def test_with_dynamo_s_cap_it_never_answers(tmp_path, monkeypatch):
+    monkeypatch.setattr(services, "RUNTIME_THREADS", {})
     with pytest.raises(StartupFailure, match=r"last seen: frontend not answering \(ReadTimeout\)"):
         start(tmp_path)
+    assert "num_worker_threads=1, max_blocking_threads=1" in (tmp_path / "frontend.log").read_text()

@@ -103,7 +103,7 @@ class Deployment:
             self.http_port, self.model, self.case.plane, self.policy
         )
         self.frontend = ManagedProcess(
-            "frontend", command, services.frontend_env(self.pool.env), self.folder / "frontend.log"
+            "frontend", command, self.pool.env, self.folder / "frontend.log"
         )
         self.frontend.start()
         self._wait_ready(deadline)

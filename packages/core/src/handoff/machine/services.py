@@ -19,16 +19,24 @@ LOOPBACK_ENV = {
     "DYN_SYSTEM_HOST": LOOPBACK,
 }
 
+#: Tokio's own default for a runtime's blocking threads, for every Dynamo process. Dynamo
+#: 1.6.1 caps them at the number of cores: on one core, on the NATS plane, a prefill worker
+#: stopped after registering its first NATS endpoint listener and a frontend with a prefill
+#: router never answered HTTP (a tokio worker parked in `block_in_place`); on two cores a
+#: frontend once stopped answering mid-case (docs/known-issues.md).
+RUNTIME_THREADS = {"DYN_RUNTIME_MAX_BLOCKING_THREADS": "512"}
+
 
 def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
     """The environment every process of one deployment shares.
 
     Inherited DYN_* and NATS_SERVER variables are dropped: a case must not pick up a migration
     limit or a discovery store from the shell that launched it. On the NATS plane events go
-    through NATS too.
+    through NATS too. The runtime's blocking threads are not capped by the cores.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_") and k != "NATS_SERVER"}
     env.update(LOOPBACK_ENV)
+    env.update(RUNTIME_THREADS)
     env["DYN_FILE_KV"] = str(discovery_dir)
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -38,18 +46,6 @@ def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
         # whatever DYN_EVENT_PLANE_HOST says; where NATS runs anyway, events go through it.
         env["DYN_EVENT_PLANE"] = "nats"
     return env
-
-
-#: Tokio's own default for the frontend's blocking threads. Dynamo 1.6.1 caps them at the
-#: number of cores; a frontend on the NATS plane with a prefill router then deadlocked on one
-#: core while it started (never answered HTTP; a worker thread parked in `block_in_place` inside
-#: `ComponentBuilder::build`), and once on two cores mid-case (docs/known-issues.md).
-FRONTEND_ENV = {"DYN_RUNTIME_MAX_BLOCKING_THREADS": "512"}
-
-
-def frontend_env(runtime: dict[str, str]) -> dict[str, str]:
-    """The frontend's environment: the deployment's runtime environment and FRONTEND_ENV."""
-    return {**runtime, **FRONTEND_ENV}
 
 
 def nats_command(port: int, store_dir: Path) -> list[str]:
