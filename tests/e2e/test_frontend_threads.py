@@ -19,7 +19,7 @@ from handoff_mocker import MockerBackend
 
 CASE = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "decode")
 #: The mocker's decode deployment is ready in about a second on one core; a deadlocked one never.
-READY_BOUND_S = 10.0
+READY_BOUND_S = 6.0
 
 
 @pytest.fixture(autouse=True)
