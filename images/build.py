@@ -33,9 +33,9 @@ IMAGES = {
     ),
 }
 SUITE = "bookworm"
-#: What the base holds beyond debootstrap's minimal set: a Python with venv and pip, and the
-#: certificate store pip needs.
-INCLUDE = "python3,python3-venv,python3-pip,ca-certificates"
+#: What the base holds beyond debootstrap's minimal set: a Python with venv (whose pip every
+#: image installs with), and the certificate store pip needs.
+INCLUDE = "python3,python3-venv,ca-certificates"
 SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 BUILD_LEFTOVERS = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "*.pyc")
 

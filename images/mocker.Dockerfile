@@ -13,8 +13,10 @@ ENV PIP_CERT=/etc/ssl/certs/handoff-pip.crt \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 COPY requirements /tmp/handoff/requirements
 COPY packages /tmp/handoff/packages
+# No byte-compiling at install: a run compiles the modules it imports, a fraction of them.
 RUN python3 -m venv /opt/venv \
- && pip install -q --no-deps -r /tmp/handoff/requirements/dynamo.txt \
- && pip install -q /tmp/handoff/packages/core /tmp/handoff/packages/mocker_backend pytest-xdist \
+ && pip install -q --no-compile --no-deps -r /tmp/handoff/requirements/dynamo.txt \
+ && pip install -q --no-compile /tmp/handoff/packages/core /tmp/handoff/packages/mocker_backend \
+      pytest-xdist \
  && pip uninstall -q -y handoff handoff-mocker \
  && rm -rf /tmp/handoff /root/.cache/pip
