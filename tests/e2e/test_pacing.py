@@ -32,7 +32,7 @@ class PacedMocker(MockerBackend):
 class StoppedSuccessor(PacedMocker):
     """The worker the request migrates to is stopped (SIGSTOP) as soon as it logs receiving
     it: with no backend stream timeout, Dynamo keeps the user's stream open for as long as the
-    worker stays stopped (shared/dynamo-facts.md), a hang mid-stream."""
+    worker stays stopped (as issue 24 records), a hang mid-stream."""
 
     def __init__(self):
         super().__init__()
