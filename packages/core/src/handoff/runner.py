@@ -38,6 +38,11 @@ TRANSFER_COUNT_WAIT_S = 5.0
 FRONTEND_CHECK_S = 1.0
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
 EXIT_WAIT_S = 1.0
+#: How far past the case's deadline the client keeps reading: the deadline, not the client's own
+#: read timeout, must end a case whose response hangs. With the two equal, a loaded machine let
+#: the client give up first, and a hang before the fault read as "the response ended before 5
+#: streamed content chunks" (a transport error, `Read timed out`).
+CLIENT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,9 @@ def exercise(
     transfers_before = metrics.once_answered(
         lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
     )
-    inflight = InFlight(deployment.base_url, request, read_timeout_s=deadline.remaining())
+    inflight = InFlight(
+        deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
+    )
     bound = response_bound_s(shape, pace) if pace else None
     response_deadline = deadline.within(bound) if bound else deadline
     history.record(
