@@ -3,9 +3,7 @@ and mocker: a backend that names its output in seconds gets a warm-up request, a
 that many seconds of tokens, and a bound on the response derived from the same rate, past
 which the case fails as hung."""
 
-import os
 import re
-import signal
 import threading
 
 import pytest
@@ -53,7 +51,7 @@ class StoppedSuccessor(PacedMocker):
             return (late[0] if late else None), seen
 
         successor = poll_until(taken, Deadline(30), "the successor to receive the request")
-        os.kill(successor.process.pid, signal.SIGSTOP)
+        successor.process.freeze(Deadline(10))
         self.stopped[:] = [successor]
 
 

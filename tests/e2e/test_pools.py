@@ -202,7 +202,7 @@ def test_a_draw_refuses_a_busy_worker_and_a_silent_one_until_both_are_idle(pools
         (idle,) = [w for w in deployment.workers if w is not holder]
         with pytest.raises(Timeout, match=f"idle; last seen: {holder.name} holds a request$"):
             pool.draw(case, Deadline(0))
-        idle.process.signal_tree(signal.SIGSTOP)
+        idle.process.freeze(Deadline(10))
         try:
             with pytest.raises(Timeout, match=rf"from {idle.name} \(port \d+: ReadTimeout\)"):
                 pool.draw(case, Deadline(0))

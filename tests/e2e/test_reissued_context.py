@@ -15,7 +15,6 @@ client that fell behind, and rightly calls the boundary ambiguous."""
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -67,7 +66,7 @@ def proxied(monkeypatch, tmp_path: Path):
     def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline):
         proxy = proxies[-1]
         proxy.alter()
-        holder.process.signal_tree(signal.SIGSTOP)
+        holder.process.freeze(deadline)
 
         def still() -> tuple[bool | None, str]:
             status = proxy.status()

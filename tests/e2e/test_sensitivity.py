@@ -3,9 +3,7 @@ makes the matching case fail with a reason that names what went wrong, and leave
 running behind it."""
 
 import contextlib
-import os
 import re
-import signal
 import threading
 import time
 from dataclasses import replace
@@ -116,7 +114,7 @@ class FreezingMocker(MockerBackend):
         held = super().holders(workers)
         if held and self.frozen_at is None:
             for worker in workers:
-                os.kill(worker.process.pid, signal.SIGSTOP)
+                worker.process.freeze(Deadline(10))
             self.frozen_at = time.monotonic()
         return held
 

@@ -1,5 +1,7 @@
 """Managed processes: a whole tree goes down, and a missing binary is a clear error."""
 
+import sys
+
 import psutil
 import pytest
 
@@ -96,3 +98,41 @@ def test_a_niceness_reaches_the_process_and_its_children(tmp_path):
     finally:
         process.kill()
         process.wait_gone(Deadline(10))
+
+
+BUSY_THREADS = """
+import threading
+def spin():
+    while True:
+        pass
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+print("spinning", flush=True)
+spin()
+"""
+
+
+def test_freeze_returns_once_every_thread_of_the_tree_is_stopped(tmp_path):
+    """Five threads that never leave the CPU, in a child of the managed process: when freeze
+    returns, each of them is stopped."""
+    process = ManagedProcess(
+        "spinners",
+        ["bash", "-c", f"{sys.executable} -c '{BUSY_THREADS}' & wait"],
+        {"PATH": "/usr/bin:/bin"},
+        tmp_path / "spinners.log",
+    )
+    process.start()
+    try:
+
+        def spinning():
+            return ("spinning" in process.log_tail()) or None, process.log_tail()
+
+        poll_until(spinning, Deadline(20), "the child's threads to spin")
+        process.freeze(Deadline(10))
+        (child,) = [p for p in process.tree() if p.pid != process.pid]
+        threads = child.threads()
+        assert len(threads) == 5
+        assert {psutil.Process(t.id).status() for t in threads} == {psutil.STATUS_STOPPED}
+    finally:
+        process.kill()
+        assert process.wait_gone(Deadline(10)) == []

@@ -115,6 +115,23 @@ class ManagedProcess:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)  # psutil refuses if the pid was reused by another process
 
+    def freeze(self, deadline: Deadline) -> None:
+        """SIGSTOP the tree and wait until every thread of it is stopped. kill() returns once
+        the signal is queued: on a busy machine the thread chosen to stop the group may wait for
+        a core while another thread, already running, still answers a request."""
+        self.signal_tree(signal.SIGSTOP)
+
+        def probe() -> tuple[bool | None, str]:
+            running = [
+                f"thread {tid} of pid {proc.pid} is {state}"
+                for proc in self.tree()
+                for tid, state in _thread_states(proc)
+                if state not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+            ]
+            return (None if running else True), "; ".join(running[:3])
+
+        poll_until(probe, deadline, f"every thread of {self.name} (pid {self.pid}) to stop")
+
     def wait_gone(self, deadline: Deadline) -> list[psutil.Process]:
         """Wait until the whole tree has exited (and is reaped); return what is alive at the end."""
         with contextlib.suppress(Timeout):
@@ -179,3 +196,13 @@ def group_members(group: int) -> list[psutil.Process]:
 
 def _pids(procs: list[psutil.Process]) -> str:
     return "pids " + ", ".join(str(p.pid) for p in procs)
+
+
+def _thread_states(proc: psutil.Process) -> list[tuple[int, str]]:
+    """(thread id, kernel state) of each of the process's threads; none once it is gone."""
+    states = []
+    with contextlib.suppress(psutil.Error):
+        for thread in proc.threads():
+            with contextlib.suppress(psutil.Error):
+                states.append((thread.id, psutil.Process(thread.id).status()))
+    return states
