@@ -94,7 +94,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml reads its path
 def pytest_configure(config: pytest.Config) -> None:
-    _interrupt_on_sigterm()
+    _remember_interrupts()
     if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
         _reap("before this run")
     for marker, text in MARKERS.items():
@@ -197,15 +197,38 @@ def _reap(when: str) -> None:
         print(f"handoff: killed {line}, left running by a run that no longer exists ({when})")
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every case's teardown runs; a handler someone else
-    installed is left alone."""
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+#: The signals that interrupted this run. Python swallows a KeyboardInterrupt raised inside a
+#: finalizer ("Exception ignored in"): the run must stop all the same, and not exit 0.
+INTERRUPTED: list[str] = []
+
+
+def _remember_interrupts() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every case's teardown runs, and both are remembered; a
+    handler someone else installed is left alone."""
+    for sig, default in (
+        (signal.SIGINT, signal.default_int_handler),
+        (signal.SIGTERM, signal.SIG_DFL),
+    ):
+        if signal.getsignal(sig) is default:
+            signal.signal(sig, _raise_interrupt)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+    INTERRUPTED.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(f"signal {INTERRUPTED[-1]}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """An interrupt swallowed where it arrived stops the run before the next test starts."""
+    if INTERRUPTED:
+        raise KeyboardInterrupt(f"signal {INTERRUPTED[0]}, swallowed where it arrived")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if INTERRUPTED and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
