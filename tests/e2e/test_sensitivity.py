@@ -25,10 +25,11 @@ SETTINGS = Settings(keep_logs=True)
 STREAM_ENABLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 
 
-@pytest.fixture(autouse=True, params=["fresh", "pooled"])
+@pytest.fixture(autouse=True, params=["pooled"])
 def deployments(request, tmp_path_factory):
-    """Every check twice: on a deployment of the case's own, and on workers drawn from a pool,
-    which must catch the same misbehaviour for the same reason and leave nothing behind."""
+    """Every check on workers drawn from a pool, the default path (a fresh deployment is a pool
+    of its own: the same draw, verdict and discard). The checks marked FRESH_TOO also run on a
+    deployment of the case's own, whose teardown, not a pool's, must leave nothing behind."""
     pools = Pools(tmp_path_factory.mktemp("pools")) if request.param == "pooled" else None
     ACTIVE["pools"] = pools
     yield
@@ -37,6 +38,7 @@ def deployments(request, tmp_path_factory):
 
 
 ACTIVE: dict[str, Pools | None] = {}
+FRESH_TOO = pytest.mark.parametrize("deployments", ["fresh", "pooled"], indirect=True)
 
 
 def run_case(*args, **kwargs):
@@ -68,6 +70,7 @@ def failed_reasons(folder, **misconfiguration) -> str:
     return " | ".join(result.verdict.reasons)
 
 
+@FRESH_TOO
 def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_path):
     reasons = failed_reasons(tmp_path, frontend_policy=POLICIES["migration_disabled"])
     assert "the stream carried an error frame" in reasons
@@ -76,6 +79,7 @@ def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_pat
     assert (tmp_path / "history.json").exists() and (tmp_path / "frontend.log").exists()
 
 
+@FRESH_TOO
 def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
     reasons = failed_reasons(tmp_path, roles=("aggregate",))
     assert "the stream carried an error frame" in reasons
@@ -91,6 +95,7 @@ class BadFlagMocker(MockerBackend):
         return type(launch)([*launch.argv, "--no-such-flag"], launch.env)
 
 
+@FRESH_TOO
 def test_start_up_failure_names_the_process_and_its_log(tmp_path):
     result = run_case(BadFlagMocker(), STREAM_ENABLED, tmp_path, SETTINGS, timeout_s=60)
     assert not result.verdict.passed
