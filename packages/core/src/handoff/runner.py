@@ -86,6 +86,7 @@ def run_case(
     history = History()
     deadline = Deadline(timeout_s)
     pool = deployment = None
+    interrupted = False
     try:
         roles = roles or backend.roles(case.topology)
         history.record("launch", roles=list(roles))
@@ -114,8 +115,16 @@ def run_case(
         # A defect, handoff's or a backend's: it fails this case, by its line, and takes the
         # pool down (its workers may hold the request); the next case still runs.
         verdict = Verdict(False, [raised(exc)], history.phase)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C or SIGTERM: the run stops here, after the teardown below. The history says
+        # where the case was, and the logs are kept.
+        history.record("interrupted", after=history.phase, how=str(exc) or "KeyboardInterrupt")
+        interrupted = True
+        raise
     finally:
         problems = teardown(deployment, history)
+        if interrupted:
+            history.write(folder / "history.json")
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
     if pools and pool and not verdict.passed:
