@@ -1,8 +1,13 @@
 """Ways to make a backend misbehave that the tests of every engine share."""
 
+import contextlib
 import sys
 import textwrap
 from dataclasses import replace
+
+import psutil
+
+from handoff.polling import Deadline, poll_until
 
 
 class WrongHolder:
@@ -65,3 +70,25 @@ def strays_under(folder) -> dict[int, int]:
         for path in folder.rglob("stray-*.pid")
         if path.read_text()
     }
+
+
+def kill_strays(folder) -> None:
+    """SIGKILL the detached children under `folder` (the test's own, by their pid) and wait
+    until they are gone: a killed process is not dead the moment kill() returns."""
+    procs = []
+    for pid in strays_under(folder).values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+            procs[-1].kill()
+
+    def living(proc: psutil.Process) -> bool:
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def gone() -> tuple[bool | None, list[int]]:
+        alive = [p.pid for p in procs if living(p)]
+        return (None if alive else True), alive
+
+    poll_until(gone, Deadline(10), "the killed detached children to exit")

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from misbehaving import DETACH, DetachedChild, strays_under
+from misbehaving import DETACH, DetachedChild, kill_strays, strays_under
 
 from handoff import faults
 from handoff import pool as pool_module
@@ -345,8 +345,7 @@ def test_a_faulted_workers_detached_child_fails_its_own_pooled_case(pools, tmp_p
         RunResults("mocker", "test", str(run_dir), result.seconds, [record]).write()
         assert report.report(run_dir) == 1
     finally:
-        for pid in strays_under(tmp_path).values():  # the test's own, by their pid
-            os.kill(pid, signal.SIGKILL)
+        kill_strays(tmp_path)
 
 
 class RaisingMocker(MockerBackend):

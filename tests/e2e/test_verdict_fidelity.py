@@ -13,7 +13,7 @@ from dataclasses import replace
 import psutil
 import pytest
 from leaks import marked
-from misbehaving import DetachedChild, strays_under
+from misbehaving import DetachedChild, kill_strays, strays_under
 
 from handoff import faults, runner
 from handoff.cases import Case
@@ -235,8 +235,7 @@ def test_a_detached_child_holding_a_leased_port_fails_the_case(tmp_path, handoff
         after = runner.run_case(MockerBackend(), case, tmp_path / "next", SETTINGS, 60)
         assert after.verdict.passed, after.verdict.reasons
     finally:
-        for pid in strays_under(tmp_path / "case").values():  # the test's own, by their pid
-            os.kill(pid, signal.SIGKILL)
+        kill_strays(tmp_path)
 
 
 # --- Start-ups that never finish ---------------------------------------------------------------
