@@ -415,3 +415,22 @@ def test_a_baseline_request_is_not_counted_as_the_cases_own(tmp_path):
     assert counted["max_seq_len_exceeded"] == 1
     names = [e.name for e in result.history.timeline()]
     assert names.index("baseline_finished") < names.index("request_sent")
+
+
+def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its_bound(tmp_path):
+    """The stalled holder's stream stays open for as long as the stall lasts when the frontend
+    has no stream timeout: the case fails as hung once its bound has passed, long before the
+    case deadline, naming the stopped worker and how long the client has waited."""
+    case = Case.from_id("migration_enabled-worker_stall-chat-stream-tcp")
+    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={})
+    assert not result.verdict.passed
+    events = {e.name: e for e in result.history.events}
+    bound = events["response_bound"].data["seconds"]
+    holder = events["fault_sent"].data["worker"]
+    (reason,) = [r for r in result.verdict.reasons if r.startswith("hung:")]
+    assert f"still open {bound:.0f} s after the fault on {holder}, the bound that twice" in reason
+    assert "its last token came" in reason
+    waited = events["teardown_done"].at - events["fault_sent"].at
+    assert bound <= waited < bound + 15  # the bound, then the teardown of the stopped workers
+    assert result.seconds < 90 - 15
+    assert_ports_free(result)

@@ -60,7 +60,7 @@ def results(run_dir: Path) -> dict:
 
 def test_three_shards_merge_into_the_whole_selection_each_case_once(shards, tmp_path):
     whole = [c.key for c in backend_cases(MockerBackend(), None, "pre_merge")]
-    assert len(whole) == 18
+    assert len(whole) == 24
     shares = [[c["key"] for c in results(d)["cases"]] for d in shards]
     assert all(0 < len(share) < len(whole) for share in shares), shares
     assert [results(d)["split"] for d in shards] == [
@@ -69,7 +69,7 @@ def test_three_shards_merge_into_the_whole_selection_each_case_once(shards, tmp_
 
     merged = handoff("merge", *shards, "-o", tmp_path / "merged")
     assert merged.returncode == 0, merged.stderr + merged.stdout[-2000:]
-    assert "18 cases: 18 passed, 0 failed" in merged.stdout
+    assert "24 cases: 24 passed, 0 failed" in merged.stdout
     run = results(tmp_path / "merged")
     keys = [c["key"] for c in run["cases"]]
     assert sorted(keys) == sorted(whole) and len(set(keys)) == len(keys)
@@ -79,14 +79,14 @@ def test_three_shards_merge_into_the_whole_selection_each_case_once(shards, tmp_
     suite = ET.parse(tmp_path / "merged" / "junit.xml").getroot().find("testsuite")
     names = [case.get("name") for case in suite.iter("testcase")]
     assert sorted(names) == sorted(f"test_migration[{key}]" for key in whole)
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("18", "0", "0")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("24", "0", "0")
 
     # The merged folder is a run like any other: its report exits 0 and draws every timeline
     # from the case folders copied out of the shards.
     report = handoff("report", tmp_path / "merged")
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "merged" / "report.html").read_text()
-    assert page.count('<svg class="timeline"') == 18
+    assert page.count('<svg class="timeline"') == 24
     assert "no history.json" not in page
     for case in run["cases"]:
         assert Path(case["folder"]).parent.parent == (tmp_path / "merged").resolve()

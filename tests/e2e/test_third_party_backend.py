@@ -32,7 +32,7 @@ def test_its_cases_run_end_to_end():
     result = run(
         sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
         "no:cacheprovider", "--handoff-backend", "example", "-m", "example",
-        "-k", "migration_enabled",
+        "-k", "migration_enabled and not worker_stall",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 cases: 2 passed, 0 failed" in result.stdout

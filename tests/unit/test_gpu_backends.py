@@ -401,11 +401,12 @@ def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, 
     assert {t: len(i) for t, i in ids.items()} == {"aggregate": 8, "decode": 4, "kv_transfer": 2}
     assert set(skipped) == {"prefill"} and "prefill" in skipped["prefill"]
     backend = BACKENDS[name]()
-    if name != "trtllm":
-        assert ids == {t: list(TOPOLOGIES[t].pre_merge_ids) for t in GPU_TOPOLOGIES}
-        return
+    # No GPU engine runs the stall yet (DynamoGpuBackend.restrictions); TRT-LLM no drain either.
+    not_run = ("worker_stall",) if name != "trtllm" else ("worker_stall", "graceful_shutdown")
     for t in GPU_TOPOLOGIES:
         assert ids[t] == [c.id for c in selection(t, "pre_merge", backend)]
-        kept = [i for i in TOPOLOGIES[t].pre_merge_ids if "graceful_shutdown" not in i]
+        kept = [i for i in TOPOLOGIES[t].pre_merge_ids if not any(f in i for f in not_run)]
         assert ids[t][: len(kept)] == kept  # published rows it can run keep their ids
-        assert not any("graceful_shutdown" in i for i in ids[t])
+        assert not any(f in i for f in not_run for i in ids[t])
+        if name != "trtllm":
+            assert ids[t] == kept  # the seeds' pairs need no stall row

@@ -114,8 +114,8 @@ class Backend(ABC):
     #: The settings keys this backend reads; a team setting any other for it is an error.
     uses_settings: ClassVar[tuple[str, ...]] = (
         "model", "model_path", "model_cache", "image", "max_tokens",
-        "graceful_bound_s", "case_timeout_s", "startup_timeout_s", "fresh_deployments",
-        "spare_workers", "durations_file",
+        "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
+        "fresh_deployments", "spare_workers", "durations_file",
     )  # fmt: skip
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}

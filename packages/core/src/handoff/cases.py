@@ -28,7 +28,10 @@ POLICIES = (
     "max_seq_len_exceeded",
     "max_seq_len_not_exceeded",
 )
-FAULTS = ("worker_failure", "graceful_shutdown")
+#: worker_failure: SIGKILL. graceful_shutdown: SIGTERM, SIGKILL after the graceful bound.
+#: worker_stall: SIGSTOP, SIGCONT once the verdict's evidence is in (a hang, not a crash).
+FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall")
+KILLS = ("worker_failure", "graceful_shutdown")
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
@@ -129,6 +132,11 @@ TOPOLOGIES: dict[str, Topology] = {
                 "max_seq_len_exceeded-graceful_shutdown-chat-unary-nats",
                 "max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
                 "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+                # The stall's pairs, added by the covering generator (`complete`).
+                "migration_enabled-worker_stall-chat-stream-nats",
+                "migration_disabled-worker_stall-completion-unary-tcp",
+                "max_seq_len_exceeded-worker_stall-chat-stream-nats",
+                "max_seq_len_not_exceeded-worker_stall-chat-stream-nats",
             ),
             pre_merge_promise=Promise(pairs_over=tuple(AXES)),
         ),
@@ -150,6 +158,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_disabled-graceful_shutdown-completion-stream-nats",
                 "max_seq_len_exceeded-worker_failure-completion-stream-tcp",
                 "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
+                "migration_enabled-worker_stall-chat-stream-nats",
+                "migration_enabled-worker_stall-completion-stream-tcp",
             ),
             # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
             pre_merge_promise=Promise(
@@ -167,6 +177,12 @@ TOPOLOGIES: dict[str, Topology] = {
                     "these cases qualify migrating a request whose KV prefix was transferred; "
                     "the policies are qualified by the aggregate and decode cases",
                 ),
+                Restriction(
+                    "fault",
+                    KILLS,
+                    "these cases qualify migrating a transferred prefix; a stalled decode "
+                    "worker is qualified by the decode cases",
+                ),
             ),
             omitted_from_id=("policy",),
             pre_merge_ids=(
@@ -180,7 +196,14 @@ TOPOLOGIES: dict[str, Topology] = {
             name="prefill",
             target_role="prefill",
             fault_window="prefill",
-            restrictions=(),
+            restrictions=(
+                Restriction(
+                    "fault",
+                    KILLS,
+                    "what the frontend does with a prefill worker stalled before the first "
+                    "token is not yet measured on Dynamo 1.6.1",
+                ),
+            ),
             omitted_from_id=(),
             pre_merge_ids=(
                 "migration_enabled-worker_failure-chat-stream-nats",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import requests
@@ -47,12 +48,15 @@ class Deployment:
         policy: Policy,
         roles: tuple[str, ...],
         pool: Pool | None = None,
+        frontend_env: Mapping[str, str] | None = None,
     ) -> None:
         self.backend = backend
         self.case = case
         self.folder = folder
         self.policy = policy
         self.roles = roles
+        #: What the case sets in its frontend's environment beyond the pool's (a stream timeout).
+        self.frontend_env = dict(frontend_env or {})
         #: Whether the pool is this case's own, stopped with it.
         self.fresh = pool is None
         self.pool = pool or Pool(backend, case, roles, folder)
@@ -103,7 +107,10 @@ class Deployment:
             self.http_port, self.model, self.case.plane, self.policy
         )
         self.frontend = ManagedProcess(
-            "frontend", command, self.pool.env, self.folder / "frontend.log"
+            "frontend",
+            command,
+            {**self.pool.env, **self.frontend_env},
+            self.folder / "frontend.log",
         )
         self.frontend.start()
         self._wait_ready(deadline)

@@ -13,6 +13,12 @@ from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
 
 HOLDER_TIMEOUT_S = 30.0
+#: The signal each fault starts with.
+FIRST_SIGNAL = {
+    "worker_failure": "SIGKILL",
+    "graceful_shutdown": "SIGTERM",
+    "worker_stall": "SIGSTOP",
+}
 
 
 @dataclass(frozen=True)
@@ -108,12 +114,16 @@ def inject(
     fault: str, holder: Worker, inflight: InFlight, graceful_bound_s: float, deadline: Deadline
 ) -> FaultReport:
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
-    whatever is left of the tree once the bound has passed. Whether the response had already
+    whatever is left of the tree once the bound has passed. worker_stall: SIGSTOP the tree and
+    prove every thread stopped; it stays so until `heal`. Whether the response had already
     ended is read just before the last signal goes out."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
     finished_in_grace = False
+    if fault == "worker_stall":
+        process.freeze(deadline.within(HOLDER_TIMEOUT_S))
+        return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
     if fault == "worker_failure":
         process.signal_tree(signal.SIGKILL)
         signals: tuple[str, ...] = ("SIGKILL",)
@@ -130,3 +140,8 @@ def inject(
     if left:
         raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
     return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
+
+
+def heal(holder: Worker) -> None:
+    """worker_stall: SIGCONT the stopped tree, which then runs on where it stopped."""
+    holder.process.signal_tree(signal.SIGCONT)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import TIMEOUT_MARKER, Backend, Launch, Model, Shape
-from handoff.cases import Case
+from handoff.cases import KILLS, Case, Restriction
 from handoff.errors import HandoffError
 from handoff.machine.environment import require_engine
 
@@ -103,6 +103,14 @@ class DynamoGpuBackend(Backend):
     #: The Dynamo worker module, run as `python -m <dynamo_module>`.
     dynamo_module: ClassVar[str]
     topologies: ClassVar[Mapping[str, tuple[str, ...]]] = TOPOLOGIES
+    restrictions: ClassVar[tuple[Restriction, ...]] = (
+        Restriction(
+            "fault",
+            KILLS,
+            "a stall is qualified on the mocker first; on a GPU engine its bound is still to "
+            "be measured",
+        ),
+    )
     #: Each word of SENTENCE can start the prompt.
     distinct_prompts = len(SENTENCE)
     #: Requests go out at temperature 0 with seed 0: the same output every time.

@@ -21,6 +21,8 @@ OUTPUT_TOKENS = "dynamo_frontend_output_tokens_total"
 #: The prompt tokens the frontend tokenized, summed over requests: once a request, migrated or not.
 INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
 TTFT = "dynamo_frontend_time_to_first_token_seconds"
+#: The requests a worker has received, on its own system port.
+REQUESTS = "dynamo_component_requests_total"
 #: How long one read of a worker's /metrics may take: a busy vLLM CPU worker answered in up to
 #: 3.6 s (docs/known-issues.md), so a shorter bound would leave it unknown on every poll.
 WORKER_READ_S = 5.0

@@ -305,6 +305,7 @@ def handoff_backend(request: pytest.FixtureRequest) -> Backend:
 def handoff_settings(request: pytest.FixtureRequest, handoff_backend: Backend) -> Settings:
     return Settings(
         graceful_bound_s=float(handoff_backend.setting("graceful_bound_s")),
+        stream_timeout_s=int(handoff_backend.setting("stream_timeout_s")),
         startup_timeout_s=float(handoff_backend.setting("startup_timeout_s")),
         keep_logs=request.config.getoption("handoff_keep_logs"),
     )

@@ -43,6 +43,20 @@ EXIT_WAIT_S = 1.0
 #: the client give up first, and a hang before the fault read as "the response ended before 5
 #: streamed content chunks" (a transport error, `Read timed out`).
 CLIENT_GRACE_S = 5.0
+#: The frontend's inactivity timeout on a worker's response stream, in whole seconds. Unset,
+#: Dynamo 1.6.1 keeps a stalled worker's stream open for as long as the stall lasts.
+STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
+#: When a response faulted while decoding must have ended, counted from the fault: the wait the
+#: fault allows (`fault_wait`), then the rest of its tokens RESPONSE_SLOWER_BY times slower than
+#: the rate measured up to the in-flight proof (which counts the first token's wait too), and
+#: RESPONSE_FIXED_S for the migration itself. Still open then, the case fails as hung.
+RESPONSE_SLOWER_BY = 4.0
+RESPONSE_FIXED_S = 5.0
+#: How long a resumed worker may take to serve a request again: the frontend avoids a worker
+#: that failed for about 5 s (docs/known-issues.md).
+REJOIN_BOUND_S = 15.0
+#: What the resumed worker is asked, one short request at a time, until it serves one.
+REJOIN_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class Settings:
 
     in_flight_tokens: int = 5
     graceful_bound_s: float = 2.0
+    stream_timeout_s: int = 3
     startup_timeout_s: float = 60.0
     keep_logs: bool = False
 
@@ -74,13 +89,14 @@ def run_case(
     frontend_policy: Policy | None = None,
     roles: tuple[str, ...] | None = None,
     pools: Pools | None = None,
+    frontend_env: dict[str, str] | None = None,
 ) -> CaseResult:
     """Run one case inside `timeout_s`; every process it started is gone when it returns, and
     the workers it drew from `pools` are back there (a failed case discards their pool).
     Without `pools` the case gets a fresh deployment of its own.
 
-    `frontend_policy` and `roles` deploy a system other than the case asks for: the way tests
-    build a misconfigured system under test and check that the verdict catches it.
+    `frontend_policy`, `roles` and `frontend_env` deploy a system other than the case asks for:
+    the way tests build a misconfigured system under test and check that the verdict catches it.
     """
     started = time.monotonic()
     history = History()
@@ -89,10 +105,11 @@ def run_case(
     interrupted = False
     try:
         roles = roles or backend.roles(case.topology)
-        history.record("launch", roles=list(roles))
+        env = stall_env(case, settings) if frontend_env is None else frontend_env
+        history.record("launch", roles=list(roles), frontend_env=env)
         pool = pools.pool_for(backend, case, roles) if pools else None
         deployment = Deployment(
-            backend, case, folder, frontend_policy or policy(case.policy), roles, pool
+            backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
         )
         draws_before = deployment.pool.draws
         deployment.start(deadline.within(settings.startup_timeout_s))
@@ -136,6 +153,14 @@ def run_case(
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def stall_env(case: Case, settings: Settings) -> dict[str, str]:
+    """A stall is silence on the worker's response stream: the frontend's inactivity timeout is
+    what ends it."""
+    if case.fault != "worker_stall":
+        return {}
+    return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
 
 
 def teardown(deployment: Deployment | None, history: History) -> list[str]:
@@ -235,6 +260,7 @@ def exercise(
     transfers_before = metrics.once_answered(
         lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
     )
+    sent_at = time.monotonic()
     inflight = InFlight(
         deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
     )
@@ -272,35 +298,51 @@ def exercise(
         deadline,
     )
     history.record("in_flight_proven", how=proof)
+    seen, proven_at = tokens_seen(), time.monotonic()
     if where.proves_kv_transfer and not counted_early:
         evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
-    first_signal = "SIGKILL" if case.fault == "worker_failure" else "SIGTERM"
     history.record(
         "fault_sent",
         fault=case.fault,
-        signal=first_signal,
+        signal=faults.FIRST_SIGNAL[case.fault],
         worker=holder.name,
         pid=holder.process.pid,
     )
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
-    history.record("worker_gone", signals=list(fault.signals))
-    if successor := deployment.replace(holder):
-        history.record("successor_started", worker=successor)
+    if case.fault == "worker_stall":
+        history.record("worker_stopped", signals=list(fault.signals))
+    else:
+        history.record("worker_gone", signals=list(fault.signals))
+        if successor := deployment.replace(holder):
+            history.record("successor_started", worker=successor)
+    why = bound and (
+        f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
+        f"slowest measured {pace.slowest:.0f} tokens/s allow"
+    )
+    if seen:  # a fault while decoding: what is left has a bound from the rate before it
+        rate = seen / max(proven_at - sent_at, 1e-3)
+        wait_s, waits_for = fault_wait(case.fault, settings)
+        after_s = wait_s + RESPONSE_SLOWER_BY * (shape.max_tokens - seen) / rate + RESPONSE_FIXED_S
+        history.record("response_bound", seconds=round(after_s, 1), tokens_per_s=round(rate, 1))
+        if after_s < response_deadline.remaining():
+            response_deadline = deadline.within(after_s)
+            why = (
+                f"{after_s:.0f} s after the fault on {holder.name}, the bound that {waits_for}"
+                f"{shape.max_tokens - seen} more tokens at {rate:.0f} tokens/s allow"
+            )
     try:
         await_response(inflight, metrics_url, model, counts_before, response_deadline, history)
     except Timeout as exc:
-        if bound is None or deadline.expired():
+        if not why or deadline.expired():
             raise
         raise CaseFailure(
-            f"hung: the response was still open {bound:.0f} s after it was sent, the bound "
-            f"its {shape.max_tokens} tokens at the slowest measured {pace.slowest:.0f} tokens/s "
-            f"allow ({exc})"
+            f"hung: the response was still open {why}: {last_token(inflight)}; ({exc})"
         ) from None
     record_response(inflight, history)
     # Read now, before anything else reaches the frontend: the count rose when the request
     # arrived, by the prompt as the frontend tokenized it.
     prompt_read = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
-    expected = expected_outcome(where.fault_window, case.policy)
+    expected = expected_outcome(where.fault_window, case.policy, case.fault)
     counts = settled_counts(
         metrics_url, model, counts_before, expected, backend.migration_counts, deadline
     )
@@ -324,6 +366,10 @@ def exercise(
         evidence, notes = evidence + kept.problems, kept.notes
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
+    if case.fault == "worker_stall":
+        faults.heal(holder)
+        history.record("worker_resumed", worker=holder.name)
+        evidence += rejoin_problems(deployment, holder, request, history)
     verdict = judge(
         expected,
         case.policy,
@@ -336,6 +382,60 @@ def exercise(
     )
     verdict.notes = notes
     return verdict
+
+
+def fault_wait(fault: str, settings: Settings) -> tuple[float, str]:
+    """How long the frontend may rightly wait after the fault before it moves the request, and
+    what for: the graceful bound of a drain; twice the stream timeout of a stall (the HTTP
+    layer's; the router gives up at once); nothing for a kill."""
+    if fault == "graceful_shutdown":
+        return settings.graceful_bound_s, f"its {settings.graceful_bound_s:g} s graceful bound and "
+    if fault == "worker_stall":
+        wait = 2 * settings.stream_timeout_s
+        return wait, f"twice its {settings.stream_timeout_s} s stream timeout and "
+    return 0.0, ""
+
+
+def last_token(inflight: InFlight) -> str:
+    """How long the client has waited since its last token, and what it has."""
+    response = inflight.response
+    if not response.chunks:
+        return f"no token yet ({response.summary()})"
+    quiet = time.monotonic() - response.chunks[-1].at
+    return f"its last token came {quiet:.1f} s ago ({response.summary()})"
+
+
+def rejoin_problems(
+    deployment: Deployment, holder: Worker, request: Request, history: History
+) -> list[str]:
+    """A resumed worker must serve again: short requests go out one at a time until its own
+    request count rises, within REJOIN_BOUND_S; none served names it unroutable."""
+    port = {holder.name: holder.ports["system"]}
+
+    def served() -> float:
+        return metrics.worker_sums(port, metrics.REQUESTS, {"dynamo_endpoint": "generate"})[
+            holder.name
+        ]
+
+    before = metrics.once_answered(served, Deadline(REJOIN_BOUND_S), f"{holder.name}'s requests")
+    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    sent: list[Response] = []
+
+    def probe() -> tuple[float | None, str]:
+        sent.append(Response())
+        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=REJOIN_BOUND_S)
+        try:
+            now = served()
+        except metrics.Unanswered as exc:
+            return None, str(exc)
+        return (now if now > before else None), f"{len(sent)} request(s), {sent[-1].summary()}"
+
+    try:
+        poll_until(probe, Deadline(REJOIN_BOUND_S), f"{holder.name} to serve a request again")
+    except Timeout as exc:
+        return [f"{holder.name}, resumed after its stall, was never routed to again: {exc}"]
+    history.record("worker_rejoined", worker=holder.name, requests=len(sent))
+    return []
 
 
 def migration_evidence(

@@ -37,6 +37,11 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     ),
     "max_tokens": (dict, "output tokens per topology, e.g. { aggregate = 512 }"),
     "graceful_bound_s": ((int, float), "seconds between SIGTERM and SIGKILL"),
+    "stream_timeout_s": (
+        int,
+        "whole seconds of silence on a worker's response stream before the frontend gives up "
+        "on it and migrates (DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS), in the stall cases",
+    ),
     "case_timeout_s": ((int, float), "the most one case may take, start-up to teardown"),
     "startup_timeout_s": ((int, float), "the most a deployment may take to become ready"),
     "fresh_deployments": (
@@ -59,11 +64,17 @@ ABOVE_ZERO, ZERO_OR_MORE = "above 0", "0 or more"
 #: of 0 would turn a case into another: a graceful case whose SIGKILL follows its SIGTERM.
 RANGES = {
     "graceful_bound_s": ABOVE_ZERO,
+    "stream_timeout_s": ABOVE_ZERO,
     "case_timeout_s": ABOVE_ZERO,
     "startup_timeout_s": ABOVE_ZERO,
     "spare_workers": ZERO_OR_MORE,
 }
-BUILT_IN = {"graceful_bound_s": 2.0, "fresh_deployments": False, "spare_workers": 1}
+BUILT_IN = {
+    "graceful_bound_s": 2.0,
+    "stream_timeout_s": 3,
+    "fresh_deployments": False,
+    "spare_workers": 1,
+}
 FILES = ("handoff.toml", "pyproject.toml")
 
 

@@ -46,8 +46,8 @@ class Timing:
 
 #: (topology, fault) -> timing. Margins allow for the harness being late to the fault: on an
 #: overloaded machine (-n 8 on 2 cores) it took 0.5 s from request to fault, with 67 tokens out.
-#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL; 600 tokens (3.5 s) the
-#:   bound.
+#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL or SIGSTOP; 600 tokens
+#:   (3.5 s) the bound.
 #: - kv_transfer: the seed's 823-token prefix in a 1,024-token context, 192 output tokens. The
 #:   transfer takes 0.42 s against ~0.02 s of prefill alone; decoding at 0.3x makes the 192
 #:   tokens last 3.7 s for the graceful case.
@@ -58,6 +58,8 @@ TIMINGS = {
     ("aggregate", "graceful_shutdown"): Timing(32, 600),
     ("decode", "worker_failure"): Timing(32, 200),
     ("decode", "graceful_shutdown"): Timing(32, 600),
+    ("aggregate", "worker_stall"): Timing(32, 200),
+    ("decode", "worker_stall"): Timing(32, 200),
     ("kv_transfer", "worker_failure"): Timing(823, 192, transfer_gbps=0.001),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
@@ -86,7 +88,7 @@ class MockerBackend(Backend):
     #: The mocker emits one token per step and the frontend forwards each in its own frame.
     one_token_per_frame = True
     uses_settings = (
-        "max_tokens", "graceful_bound_s", "case_timeout_s", "startup_timeout_s",
+        "max_tokens", "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
         "fresh_deployments", "spare_workers", "durations_file",
     )  # fmt: skip
 
