@@ -4,7 +4,7 @@ through its entry point, lists its cases and runs them end to end."""
 import subprocess
 import sys
 
-from handoff.cases import selection
+from handoff.cases import KILLS, selection
 
 
 def run(*command):
@@ -23,16 +23,20 @@ def test_its_cases_and_the_reason_for_the_rest():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines if not line.startswith("#")] == [
-        c.id for c in selection("aggregate", "pre_merge")
+        c.id for c in selection("aggregate", "pre_merge") if c.fault in KILLS
     ]
     assert "# prefill: not run by example: the example engine has no disaggregated mode" in lines
+    assert (
+        "# aggregate: example runs fault worker_failure, graceful_shutdown only: the example "
+        "engine has not qualified its hangs yet"
+    ) in lines
 
 
 def test_its_cases_run_end_to_end():
     result = run(
         sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-p",
         "no:cacheprovider", "--handoff-backend", "example", "-m", "example",
-        "-k", "migration_enabled and not worker_stall",
+        "-k", "migration_enabled",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 cases: 2 passed, 0 failed" in result.stdout

@@ -401,8 +401,9 @@ def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, 
     assert {t: len(i) for t, i in ids.items()} == {"aggregate": 8, "decode": 4, "kv_transfer": 2}
     assert set(skipped) == {"prefill"} and "prefill" in skipped["prefill"]
     backend = BACKENDS[name]()
-    # No GPU engine runs the stall yet (DynamoGpuBackend.restrictions); TRT-LLM no drain either.
-    not_run = ("worker_stall",) if name != "trtllm" else ("worker_stall", "graceful_shutdown")
+    # No GPU engine runs the hangs yet (DynamoGpuBackend.restrictions); TRT-LLM no drain.
+    hangs = ("worker_stall", "drain_expired")
+    not_run = hangs if name != "trtllm" else (*hangs, "graceful_shutdown")
     for t in GPU_TOPOLOGIES:
         assert ids[t] == [c.id for c in selection(t, "pre_merge", backend)]
         kept = [i for i in TOPOLOGIES[t].pre_merge_ids if not any(f in i for f in not_run)]

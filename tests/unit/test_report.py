@@ -114,7 +114,7 @@ def test_the_page_has_a_timeline_per_case_and_each_failure(run, capsys):
     found = Elements(page)
     assert found.timelines() == sorted([STREAM, UNARY, START_UP])
     text = " ".join(found.text)
-    for word in ("mocker", "pre_merge", str(run), "8.3 s", "3: 1 passed, 2 failed"):
+    for word in ("mocker", "pre_merge", str(run), "8.3 s", "3 cases: 1 passed, 2 failed"):
         assert word in text  # the header
     assert "content not compared with a baseline" in text  # the notes column
     assert "<script" not in page and "http" not in page and "url(" not in page  # self-contained

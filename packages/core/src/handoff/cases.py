@@ -30,7 +30,9 @@ POLICIES = (
 )
 #: worker_failure: SIGKILL. graceful_shutdown: SIGTERM, SIGKILL after the graceful bound.
 #: worker_stall: SIGSTOP, SIGCONT once the verdict's evidence is in (a hang, not a crash).
-FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall")
+#: drain_expired: SIGTERM to a worker whose own drain timeout is shorter than the request, and
+#: no SIGKILL: Dynamo's grace-expiry path.
+FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall", "drain_expired")
 KILLS = ("worker_failure", "graceful_shutdown")
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
@@ -137,6 +139,11 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_disabled-worker_stall-completion-unary-tcp",
                 "max_seq_len_exceeded-worker_stall-chat-stream-nats",
                 "max_seq_len_not_exceeded-worker_stall-chat-stream-nats",
+                # The expired drain's pairs, the same way.
+                "migration_enabled-drain_expired-chat-stream-nats",
+                "migration_disabled-drain_expired-completion-unary-tcp",
+                "max_seq_len_exceeded-drain_expired-chat-stream-nats",
+                "max_seq_len_not_exceeded-drain_expired-chat-stream-nats",
             ),
             pre_merge_promise=Promise(pairs_over=tuple(AXES)),
         ),
@@ -160,6 +167,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
                 "migration_enabled-worker_stall-chat-stream-nats",
                 "migration_enabled-worker_stall-completion-stream-tcp",
+                "migration_enabled-drain_expired-chat-stream-nats",
+                "migration_enabled-drain_expired-completion-stream-tcp",
             ),
             # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
             pre_merge_promise=Promise(
@@ -180,8 +189,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 Restriction(
                     "fault",
                     KILLS,
-                    "these cases qualify migrating a transferred prefix; a stalled decode "
-                    "worker is qualified by the decode cases",
+                    "these cases qualify migrating a transferred prefix; a stalled or expired "
+                    "decode worker is qualified by the decode cases",
                 ),
             ),
             omitted_from_id=("policy",),
@@ -200,8 +209,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 Restriction(
                     "fault",
                     KILLS,
-                    "what the frontend does with a prefill worker stalled before the first "
-                    "token is not yet measured on Dynamo 1.6.1",
+                    "what the frontend does with a prefill worker stalled, or whose drain "
+                    "expires, before the first token is not yet measured on Dynamo 1.6.1",
                 ),
             ),
             omitted_from_id=(),

@@ -18,6 +18,19 @@ FIRST_SIGNAL = {
     "worker_failure": "SIGKILL",
     "graceful_shutdown": "SIGTERM",
     "worker_stall": "SIGSTOP",
+    "drain_expired": "SIGTERM",
+}
+#: drain_expired: the drained worker's own drain timeout, shorter than the rest of any such
+#: case's request; after it, the worker must exit on its own within DRAIN_EXIT_S.
+DRAIN_TIMEOUT_S = 1
+DRAIN_EXIT_S = 15.0
+#: What a fault needs of the workers of its pool beyond the backend's launch: a tag for the
+#: pool's key (its workers are not interchangeable with others') and their environment.
+WORKER_ENV = {
+    "drain_expired": (
+        f"drain{DRAIN_TIMEOUT_S}s",
+        {"DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": str(DRAIN_TIMEOUT_S)},
+    ),
 }
 
 
@@ -115,8 +128,9 @@ def inject(
 ) -> FaultReport:
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
     whatever is left of the tree once the bound has passed. worker_stall: SIGSTOP the tree and
-    prove every thread stopped; it stays so until `heal`. Whether the response had already
-    ended is read just before the last signal goes out."""
+    prove every thread stopped; it stays so until `heal`. drain_expired: SIGTERM the parent and
+    wait for the tree to exit by itself once its drain timeout has passed. Whether the response
+    had already ended is read just before the last signal goes out."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
@@ -124,6 +138,14 @@ def inject(
     if fault == "worker_stall":
         process.freeze(deadline.within(HOLDER_TIMEOUT_S))
         return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
+    if fault == "drain_expired":
+        process.signal_tree(signal.SIGTERM, parent_only=True)
+        if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
+            raise CaseFailure(
+                f"{holder.name} was still running {DRAIN_TIMEOUT_S + DRAIN_EXIT_S:g} s after "
+                f"SIGTERM, its drain timeout {DRAIN_TIMEOUT_S} s: {left}"
+            )
+        return FaultReport(fault, holder.name, process.pid, ("SIGTERM",), done_before)
     if fault == "worker_failure":
         process.signal_tree(signal.SIGKILL)
         signals: tuple[str, ...] = ("SIGKILL",)
@@ -145,3 +167,13 @@ def inject(
 def heal(holder: Worker) -> None:
     """worker_stall: SIGCONT the stopped tree, which then runs on where it stopped."""
     holder.process.signal_tree(signal.SIGCONT)
+
+
+def worker_env(fault: str) -> dict[str, str]:
+    """The environment `fault`'s workers get beyond the backend's launch."""
+    return dict(WORKER_ENV[fault][1]) if fault in WORKER_ENV else {}
+
+
+def worker_tag(fault: str) -> tuple[str, ...]:
+    """What `fault` adds to its pool's key: workers launched differently share no pool."""
+    return (WORKER_ENV[fault][0],) if fault in WORKER_ENV else ()

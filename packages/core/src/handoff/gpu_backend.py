@@ -107,8 +107,8 @@ class DynamoGpuBackend(Backend):
         Restriction(
             "fault",
             KILLS,
-            "a stall is qualified on the mocker first; on a GPU engine its bound is still to "
-            "be measured",
+            "a stall and an expired drain are qualified on the mocker first; on a GPU engine "
+            "their bounds are still to be measured",
         ),
     )
     #: Each word of SENTENCE can start the prompt.

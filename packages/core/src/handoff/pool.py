@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from handoff import metrics
+from handoff import faults, metrics
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
@@ -68,7 +68,8 @@ class PoolKey:
 
     @classmethod
     def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
-        return cls(backend.name, roles, case.plane, tuple(backend.worker_variant(case)))
+        variant = (*backend.worker_variant(case), *faults.worker_tag(case.fault))
+        return cls(backend.name, roles, case.plane, variant)
 
     @property
     def label(self) -> str:
@@ -187,7 +188,7 @@ class Pool:
         ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
         launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         name = f"worker-{next(self._serial)}-{role}"
-        env = dict(launch.env)
+        env = {**launch.env, **faults.worker_env(self.case.fault)}
         if spare:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])

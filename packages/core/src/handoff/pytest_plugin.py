@@ -26,7 +26,7 @@ from handoff.runs import durations
 from handoff.runs.progress import LiveProgress
 from handoff.runs.report import case_table
 from handoff.runs.results import FILE as RESULTS_FILE
-from handoff.runs.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe
+from handoff.runs.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe, tally
 from handoff.sharing import scheduling
 
 #: The workerinput key by which the controller tells an xdist worker it groups items by pool.
@@ -428,15 +428,14 @@ class RunReport:
         for line in console.file.getvalue().splitlines():
             tr.write_line(line)
         for case in self.records:
-            if not case.passed:
+            if case.upstream_defect:
+                tr.write_line(f"{case.key} failed as expected: {case.upstream_defect}")
+            elif not case.passed:
                 tr.write_line(f"{case.key} failed in {case.phase}; the last events before it:")
                 for event in case.last_events:
                     tr.write_line("    " + describe(event))
                 tr.write_line(f"logs kept for {case.key}: {case.folder}")
-        failed = sum(1 for c in self.records if not c.passed)
-        tr.write_line(
-            f"{len(self.records)} cases: {len(self.records) - failed} passed, {failed} failed"
-        )
+        tr.write_line(tally(self.records))
         run_dir = os.environ[RUN_DIR_ENV]
         command = handoff_command()
         tr.write_line(f"results: {run_dir}/{RESULTS_FILE}; report: {command} report {run_dir}")

@@ -18,11 +18,12 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
-from handoff.policies import Outcome, Policy, expected_outcome, policy
+from handoff.policies import KNOWN_DEFECTS, Outcome, Policy, expected_outcome, policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pools
 from handoff.verdict import (
     Verdict,
+    against_known_defect,
     count_problems,
     judge,
     late_count_problems,
@@ -381,15 +382,18 @@ def exercise(
         evidence,
     )
     verdict.notes = notes
-    return verdict
+    return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
 
 
 def fault_wait(fault: str, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before it moves the request, and
     what for: the graceful bound of a drain; twice the stream timeout of a stall (the HTTP
-    layer's; the router gives up at once); nothing for a kill."""
+    layer's; the router gives up at once); the worker's drain timeout of an expired drain;
+    nothing for a kill."""
     if fault == "graceful_shutdown":
         return settings.graceful_bound_s, f"its {settings.graceful_bound_s:g} s graceful bound and "
+    if fault == "drain_expired":
+        return faults.DRAIN_TIMEOUT_S, f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout and "
     if fault == "worker_stall":
         wait = 2 * settings.stream_timeout_s
         return wait, f"twice its {settings.stream_timeout_s} s stream timeout and "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from handoff.client import Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
-from handoff.policies import ApiError, Outcome
+from handoff.policies import ApiError, KnownDefect, Outcome
 
 
 @dataclass
@@ -20,6 +20,8 @@ class Verdict:
     phase: str = ""
     #: What was not checked, and why (e.g. content not compared for a random engine).
     notes: list[str] = field(default_factory=list)
+    #: Failed exactly as a known upstream defect says (policies.KNOWN_DEFECTS): which.
+    upstream_defect: str = ""
 
     def summary(self) -> str:
         head = "PASS" if self.passed else f"FAIL in {self.phase}"
@@ -180,3 +182,25 @@ def judge(
     problems += count_problems(expected, counts, mode)
     problems += evidence
     return Verdict(passed=not problems, reasons=problems, phase="verdict")
+
+
+def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdict:
+    """A case that runs into a known upstream defect on purpose: failed with the defect's
+    every sign, it is that defect (a strict expected failure); failed otherwise, it is a plain
+    failure; passed, it fails too, saying that the fix has arrived."""
+    if defect is None:
+        return verdict
+    if verdict.passed:
+        return Verdict(
+            False,
+            [
+                f"passed, but {defect.issue} was expected to fail it ({defect.promise}): the "
+                f"fix has arrived; remove its entry from policies.KNOWN_DEFECTS"
+            ],
+            verdict.phase,
+            verdict.notes,
+        )
+    said = " | ".join(verdict.reasons)
+    if all(sign in said for sign in defect.signature):
+        verdict.upstream_defect = defect.describe()
+    return verdict

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from handoff.errors import HandoffError
-from handoff.runs.results import CaseRecord, RunResults
+from handoff.runs.results import CaseRecord, RunResults, tally
 
 HTML_FILE = "report.html"
 HISTORY_FILE = "history.json"
@@ -33,7 +33,7 @@ def case_table(cases: Sequence[CaseRecord], title: str = "handoff cases") -> Tab
     table.add_column("reason")
     for case in sorted(cases, key=lambda c: c.key):
         key, verdict, total, gap, migrations, reason = _cells(case)
-        style = "green" if case.passed else "bold red"
+        style = "green" if case.passed else "yellow" if case.upstream_defect else "bold red"
         table.add_row(key, Text(verdict, style=style), total, gap, migrations, Text(reason))
     return table
 
@@ -44,11 +44,11 @@ def _cells(case: CaseRecord) -> list[str]:
     gap = case.phases.get("fault_to_next_token_ms")
     return [
         case.key,
-        "PASS" if case.passed else f"FAIL in {case.phase}",
+        case.verdict,
         f"{case.seconds:.1f}",
         "" if gap is None else f"{gap:.0f}",
         str(case.migrations) if case.counts else "",
-        "; ".join(case.reasons),
+        "; ".join([case.upstream_defect] if case.upstream_defect else case.reasons),
     ]
 
 
@@ -95,14 +95,10 @@ def report(run_dir: Path, console: Console | None = None) -> int:
     for case in sorted(results.failed, key=lambda c: c.key):
         for line in failure_lines(run_dir, case):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-    failed = len(results.failed)
-    console.print(
-        f"{len(results.cases)} cases: {len(results.cases) - failed} passed, {failed} failed",
-        highlight=False,
-    )
+    console.print(tally(results.cases), highlight=False)
     path = write_html(results, run_dir)
     console.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
-    return 1 if failed or results.error else 0
+    return 1 if results.failed or results.error else 0
 
 
 def write_html(results: RunResults, run_dir: Path) -> Path:
@@ -157,13 +153,12 @@ COLORS = {
 
 def html_report(results: RunResults, run_dir: Path) -> str:
     cases = sorted(results.cases, key=lambda c: c.key)
-    failed = len(results.failed)
     header = [
         ("backend", results.backend),
         ("selection", results.selection),
         ("run folder", str(run_dir)),
         ("wall time", f"{results.wall_s:.1f} s"),
-        ("cases", f"{len(cases)}: {len(cases) - failed} passed, {failed} failed"),
+        ("cases", tally(cases)),
         *([("error", results.error)] if results.error else []),
     ]
     parts = [
@@ -201,7 +196,7 @@ def cases_table(cases: Sequence[CaseRecord]) -> str:
 
 
 def case_section(n: int, case: CaseRecord, run_dir: Path) -> str:
-    verdict = "PASS" if case.passed else f"FAIL in {case.phase}"
+    verdict = case.verdict
     phases = ", ".join(f"{k} {v:g}" for k, v in case.phases.items())
     parts = [
         f'<section id="case-{n}">',

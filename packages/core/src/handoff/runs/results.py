@@ -40,6 +40,19 @@ class CaseRecord:
     workers: list[str] = field(default_factory=list)
     #: The pytest node id it ran as: the key of pytest-split's durations file.
     nodeid: str = ""
+    #: Failed exactly as a known upstream defect says: which (a strict expected failure).
+    upstream_defect: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Failed for a reason of its own, not as the known upstream defect it runs into."""
+        return not self.passed and not self.upstream_defect
+
+    @property
+    def verdict(self) -> str:
+        if self.passed:
+            return "PASS"
+        return "XFAIL upstream" if self.upstream_defect else f"FAIL in {self.phase}"
 
     @property
     def deployment(self) -> str:
@@ -71,6 +84,7 @@ class CaseRecord:
             last_events=[] if result.verdict.passed else last[-LAST_EVENTS:],
             pool=ready.get("pool", ""),
             workers=ready.get("workers", []),
+            upstream_defect=result.verdict.upstream_defect,
         )
 
     def to_json(self) -> str:
@@ -136,4 +150,12 @@ class RunResults:
 
     @property
     def failed(self) -> list[CaseRecord]:
-        return [c for c in self.cases if not c.passed]
+        return [c for c in self.cases if c.failed]
+
+
+def tally(cases: list[CaseRecord]) -> str:
+    """`N cases: P passed, F failed`, and the cases that failed as known upstream defects."""
+    failed = sum(1 for c in cases if c.failed)
+    defects = sum(1 for c in cases if c.upstream_defect)
+    line = f"{len(cases)} cases: {len(cases) - failed - defects} passed, {failed} failed"
+    return line + (f", {defects} failed as known upstream defects" if defects else "")
