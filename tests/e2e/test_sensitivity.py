@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from dataclasses import replace
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -417,12 +418,21 @@ def test_a_baseline_request_is_not_counted_as_the_cases_own(tmp_path):
     assert names.index("baseline_finished") < names.index("request_sent")
 
 
+class ShortStall(MockerBackend):
+    """Requests of 60 tokens: the bound, which counts the tokens left, comes sooner."""
+
+    defaults: ClassVar[dict[str, object]] = {
+        **MockerBackend.defaults,
+        "max_tokens": {"aggregate": 60},
+    }
+
+
 def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its_bound(tmp_path):
     """The stalled holder's stream stays open for as long as the stall lasts when the frontend
     has no stream timeout: the case fails as hung once its bound has passed, long before the
     case deadline, naming the stopped worker and how long the client has waited."""
     case = Case.from_id("migration_enabled-worker_stall-chat-stream-tcp")
-    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={})
+    result = run_case(ShortStall(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={})
     assert not result.verdict.passed
     events = {e.name: e for e in result.history.events}
     bound = events["response_bound"].data["seconds"]

@@ -145,8 +145,9 @@ def run_case(
             history.write(folder / "history.json")
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
-    if pools and pool and not verdict.passed:
+    if pools and pool and not verdict.passed and not verdict.upstream_defect:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
+        # A known upstream defect is not theirs: its pool goes on, as after a pass.
         discarded = pools.discard(pool, keep_in=folder)
         history.record("pool_discarded", pool=pool.name, problems=discarded)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
