@@ -54,6 +54,9 @@ STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
 #: RESPONSE_FIXED_S for the migration itself. Still open then, the case fails as hung.
 RESPONSE_SLOWER_BY = 4.0
 RESPONSE_FIXED_S = 5.0
+#: Dynamo 1.6.1's request timeouts: a request sent to a worker that is gone fails over after
+#: the TCP request timeout (about 5 s) or the NATS one (10 s) (docs/known-issues.md).
+REQUEST_PLANE_TIMEOUT_S = {"tcp": 5.0, "nats": 10.0}
 #: How long a resumed worker may take to serve a request again: the frontend avoids a worker
 #: that failed for about 5 s (docs/known-issues.md).
 REJOIN_BOUND_S = 15.0
@@ -336,7 +339,7 @@ def exercise(
     )
     if seen:  # a fault while decoding: what is left has a bound from the rate before it
         rate = seen / max(proven_at - sent_at, 1e-3)
-        wait_s, waits_for = fault_wait(case.fault, settings)
+        wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
         after_s = wait_s + RESPONSE_SLOWER_BY * (shape.max_tokens - seen) / rate + RESPONSE_FIXED_S
         history.record("response_bound", seconds=round(after_s, 1), tokens_per_s=round(rate, 1))
         if after_s < response_deadline.remaining():
@@ -406,19 +409,30 @@ def exercise(
     return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
 
 
-def fault_wait(fault: str, settings: Settings) -> tuple[float, str]:
-    """How long the frontend may rightly wait after the fault before it moves the request, and
-    what for: the graceful bound of a drain; twice the stream timeout of a stall (the HTTP
-    layer's; the router gives up at once); the worker's drain timeout of an expired drain;
-    nothing for a kill."""
+def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
+    """How long the frontend may rightly wait after the fault before the request has moved,
+    and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
+    of a stall, the HTTP layer's, as the router gives up at once; the worker's drain timeout of
+    an expired drain; nothing for a kill), then one request-plane timeout: the re-issued request
+    may first reach a worker that is gone but still listed."""
+    plane_s = REQUEST_PLANE_TIMEOUT_S[plane]
+    plane_why = f"a {plane_s:g} s {plane} request timeout and "
     if fault == "graceful_shutdown":
-        return settings.graceful_bound_s, f"its {settings.graceful_bound_s:g} s graceful bound and "
-    if fault == "drain_expired":
-        return faults.DRAIN_TIMEOUT_S, f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout and "
-    if fault == "worker_stall":
+        wait, why = (
+            settings.graceful_bound_s,
+            f"its {settings.graceful_bound_s:g} s graceful bound, ",
+        )
+    elif fault == "drain_expired":
+        wait, why = (
+            faults.DRAIN_TIMEOUT_S,
+            f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout, ",
+        )
+    elif fault == "worker_stall":
         wait = 2 * settings.stream_timeout_s
-        return wait, f"twice its {settings.stream_timeout_s} s stream timeout and "
-    return 0.0, ""
+        why = f"twice its {settings.stream_timeout_s} s stream timeout, "
+    else:
+        wait, why = 0.0, ""
+    return wait + plane_s, why + plane_why
 
 
 def last_token(inflight: InFlight) -> str:
