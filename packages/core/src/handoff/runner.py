@@ -340,8 +340,9 @@ def exercise(
     if seen:  # a fault while decoding: what is left has a bound from the rate before it
         rate = seen / max(proven_at - sent_at, 1e-3)
         wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
-        after_s = wait_s + RESPONSE_SLOWER_BY * (shape.max_tokens - seen) / rate + RESPONSE_FIXED_S
-        history.record("response_bound", seconds=round(after_s, 1), tokens_per_s=round(rate, 1))
+        tokens_s = RESPONSE_SLOWER_BY * (shape.max_tokens - seen) / rate
+        after_s = round(wait_s + tokens_s + RESPONSE_FIXED_S, 1)  # as the history keeps it
+        history.record("response_bound", seconds=after_s, tokens_per_s=round(rate, 1))
         if after_s < response_deadline.remaining():
             response_deadline = deadline.within(after_s)
             why = (
