@@ -373,8 +373,11 @@ class NatsGoesAway(MockerBackend):
 
 
 def test_nats_server_gone_mid_case_fails_the_case(tmp_path):
+    """The frontend's NATS request timeout is cut to 2 s so the 503 comes within the response's
+    bound: at its default of 10 s, four attempts take ~40 s and the case fails as hung instead."""
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats")
-    result = run_case(NatsGoesAway(), case, tmp_path, SETTINGS, timeout_s=60)
+    env = {"DYN_NATS_REQUEST_TIMEOUT_SECS": "2"}
+    result = run_case(NatsGoesAway(), case, tmp_path, SETTINGS, timeout_s=60, frontend_env=env)
     assert not result.verdict.passed
     reasons = " | ".join(result.verdict.reasons)
     # The migration cannot reach the other worker over a request plane that is gone.
