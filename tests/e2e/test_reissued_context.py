@@ -33,8 +33,8 @@ CASE = "migration_enabled-worker_failure-chat-stream-tcp"
 #: How long the stopped holder's stream must have been still before the kill: longer than the
 #: stalls of a frontend and a client on a loaded machine.
 STILL_S = 0.3
-#: The mocker's speed here: a decode step longer than a loaded frontend's usual hiccup.
-SPEEDUP_RATIO = 0.25
+#: The mocker's speed here: a decode step (75 ms) longer than a loaded frontend's usual hiccup.
+SPEEDUP_RATIO = 0.1
 #: Enough tokens for the in-flight proof, the frames before the stop and some after the kill,
 #: at the slower speed.
 MAX_TOKENS = 48
