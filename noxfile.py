@@ -116,7 +116,7 @@ def qualify_on_gpu(session: nox.Session, backend: str) -> None:
 
 @nox.session
 def runtime_images(session: nox.Session) -> None:
-    """handoff's own runtime image for the mocker, built with no image registry (a debootstrap
+    """handoff's own runtime image for the mocker, built with no image registry (an mmdebstrap
     base, then images/mocker.Dockerfile), reused when nothing in it changed. Starts this
     machine's docker engine first if none answers (as root: Debian's docker.io)."""
     session.install("-e", "packages/core")

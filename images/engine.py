@@ -24,7 +24,7 @@ from handoff.polling import Deadline, Timeout, poll_until
 #: with --network host only.
 FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false")
 #: The binaries the container path needs and the Debian packages that hold them.
-PACKAGES = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
+PACKAGES = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"}
 READY_TIMEOUT_S = 60.0
 MACHINE_LOG = Path(".handoff/dockerd.log")
 
@@ -44,7 +44,7 @@ def answers(environ: dict[str, str] | None = None) -> bool:
 
 
 def install_missing() -> None:
-    """Debian's packages for whichever of dockerd and debootstrap is missing (root only)."""
+    """Debian's packages for whichever of dockerd and mmdebstrap is missing (root only)."""
     missing = sorted({p for binary, p in PACKAGES.items() if shutil.which(binary) is None})
     if not missing:
         return
