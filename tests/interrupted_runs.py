@@ -120,7 +120,8 @@ class IsolatedRuns:
 
     def kill_and_reap(self, run: subprocess.Popen[str], started: dict[int, float]) -> list[str]:
         """SIGKILL the run (no teardown at all), check its processes outlive it, let the next
-        run's start reap them, and wait until they are gone; the reaper's lines."""
+        run's start reap them, and wait until they are gone; the reaper's lines (processes
+        killed, then nftables tables deleted)."""
         run.kill()
         run.communicate(timeout=30)
         assert all(alive(p, t) for p, t in started.items())
@@ -128,8 +129,10 @@ class IsolatedRuns:
             self.pytest("--collect-only", "-q"), env=self.env, capture_output=True, text=True,
             timeout=self.timeout_s,
         )  # fmt: skip
-        killed = [line for line in after.stdout.splitlines() if line.startswith("handoff: killed ")]
+        lines = after.stdout.splitlines()
+        killed = [line for line in lines if line.startswith("handoff: killed ")]
         assert killed, after.stdout[-2000:]
+        killed += [line for line in lines if line.startswith("handoff: deleted ")]
         poll_until(
             lambda: (
                 (True, None)

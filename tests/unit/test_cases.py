@@ -36,6 +36,10 @@ PUBLISHED_PRE_MERGE = {
         "migration_disabled-drain_expired-completion-unary-tcp",
         "max_seq_len_exceeded-drain_expired-chat-stream-nats",
         "max_seq_len_not_exceeded-drain_expired-chat-stream-nats",
+        "migration_enabled-partition-chat-stream-nats",
+        "migration_disabled-partition-completion-unary-tcp",
+        "max_seq_len_exceeded-partition-chat-stream-nats",
+        "max_seq_len_not_exceeded-partition-chat-stream-nats",
     ],
     "decode": [
         "migration_enabled-worker_failure-chat-stream-nats",
@@ -46,6 +50,8 @@ PUBLISHED_PRE_MERGE = {
         "migration_enabled-worker_stall-completion-stream-tcp",
         "migration_enabled-drain_expired-chat-stream-nats",
         "migration_enabled-drain_expired-completion-stream-tcp",
+        "migration_enabled-partition-chat-stream-nats",
+        "migration_enabled-partition-completion-stream-tcp",
     ],
     "kv_transfer": ["worker_failure-chat-stream-nats", "graceful_shutdown-chat-unary-tcp"],
     "prefill": [
@@ -69,7 +75,7 @@ def test_every_published_selection_keeps_its_promise(name, chosen):
 
 
 @pytest.mark.parametrize(
-    ("name", "full"), [("aggregate", 128), ("decode", 64), ("kv_transfer", 16), ("prefill", 64)]
+    ("name", "full"), [("aggregate", 160), ("decode", 80), ("kv_transfer", 16), ("prefill", 64)]
 )
 def test_nightly_covers_every_triple_in_fewer_rows_than_the_full_product(name, full):
     nightly = selection(name, "nightly")

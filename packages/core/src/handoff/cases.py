@@ -31,9 +31,12 @@ POLICIES = (
 #: worker_failure: SIGKILL. graceful_shutdown: SIGTERM, SIGKILL after the graceful bound.
 #: worker_stall: SIGSTOP, SIGCONT once the verdict's evidence is in (a hang, not a crash).
 #: drain_expired: SIGTERM to a worker whose own drain timeout is shorter than the request, and
-#: no SIGKILL: Dynamo's grace-expiry path.
-FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall", "drain_expired")
+#: no SIGKILL: Dynamo's grace-expiry path. partition: nftables drop every packet of the
+#: worker's connections (request plane, response streams, NATS), removed once the evidence is in.
+FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall", "drain_expired", "partition")
 KILLS = ("worker_failure", "graceful_shutdown")
+#: The faults that leave the worker alive but silent to the frontend, until they are healed.
+SILENT = ("worker_stall", "partition")
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
@@ -144,6 +147,11 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_disabled-drain_expired-completion-unary-tcp",
                 "max_seq_len_exceeded-drain_expired-chat-stream-nats",
                 "max_seq_len_not_exceeded-drain_expired-chat-stream-nats",
+                # The partition's pairs, the same way.
+                "migration_enabled-partition-chat-stream-nats",
+                "migration_disabled-partition-completion-unary-tcp",
+                "max_seq_len_exceeded-partition-chat-stream-nats",
+                "max_seq_len_not_exceeded-partition-chat-stream-nats",
             ),
             pre_merge_promise=Promise(pairs_over=tuple(AXES)),
         ),
@@ -169,6 +177,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_enabled-worker_stall-completion-stream-tcp",
                 "migration_enabled-drain_expired-chat-stream-nats",
                 "migration_enabled-drain_expired-completion-stream-tcp",
+                "migration_enabled-partition-chat-stream-nats",
+                "migration_enabled-partition-completion-stream-tcp",
             ),
             # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
             pre_merge_promise=Promise(
@@ -189,8 +199,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 Restriction(
                     "fault",
                     KILLS,
-                    "these cases qualify migrating a transferred prefix; a stalled or expired "
-                    "decode worker is qualified by the decode cases",
+                    "these cases qualify migrating a transferred prefix; a stalled, cut-off or "
+                    "expired decode worker is qualified by the decode cases",
                 ),
             ),
             omitted_from_id=("policy",),
@@ -209,8 +219,8 @@ TOPOLOGIES: dict[str, Topology] = {
                 Restriction(
                     "fault",
                     KILLS,
-                    "what the frontend does with a prefill worker stalled, or whose drain "
-                    "expires, before the first token is not yet measured on Dynamo 1.6.1",
+                    "what the frontend does with a prefill worker stalled, cut off, or whose "
+                    "drain expires, before the first token is not yet measured on Dynamo 1.6.1",
                 ),
             ),
             omitted_from_id=(),

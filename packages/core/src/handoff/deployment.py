@@ -13,7 +13,7 @@ import requests
 from handoff.backend import Backend, Worker
 from handoff.cases import Case
 from handoff.errors import CaseFailure
-from handoff.machine import services
+from handoff.machine import firewall, services
 from handoff.machine.ports import PortLeases
 from handoff.machine.processes import ManagedProcess
 from handoff.policies import Policy
@@ -98,6 +98,11 @@ class Deployment:
         """Draw the workers (launching them first when fresh), start the frontend, and wait
         until it lists exactly the drawn workers. Call `stop()` afterwards whether this
         succeeded or not: it stops what was started."""
+        if left := firewall.own_tables():
+            raise CaseFailure(
+                f"nftables table(s) {', '.join(left)} of an earlier case still in place: a "
+                f"partition was never healed, and its rules would cut this case's workers"
+            )
         if not self.pool.started:
             self.pool.start()
         self.workers = self.pool.draw(self.case, deadline)
@@ -200,11 +205,22 @@ class Deployment:
     def stop(self) -> list[str]:
         """Stop the frontend, and the pool when it is this case's own; give the drawn workers
         back to a shared pool. Returns the problems found (survivors, ports still bound: a
-        shared pool's for the workers gone, as a fresh pool's for all)."""
-        problems = stop_all([self.frontend] if self.frontend else [], self.leases)
+        shared pool's for the workers gone, as a fresh pool's for all). A partition still in
+        place is healed first, so that the workers go back whole."""
+        problems = heal_partitions()
+        problems += stop_all([self.frontend] if self.frontend else [], self.leases)
         if self.fresh:
             problems += self.pool.stop()
         else:
             self.removed, given_back = self.pool.give_back(self.workers)
             problems += given_back
         return problems
+
+
+def heal_partitions() -> list[str]:
+    """Remove the nftables tables this process still has in place (a case that failed before
+    its heal); a table that stays is a problem."""
+    for table in firewall.own_tables():
+        firewall.delete(table)
+    left = firewall.own_tables()
+    return [f"nftables table {table} still in place after teardown" for table in left]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import psutil
 
 from handoff.backend import Backend, Worker
 from handoff.client import InFlight
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, HandoffError
+from handoff.machine import firewall
 from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
 
@@ -19,7 +22,11 @@ FIRST_SIGNAL = {
     "graceful_shutdown": "SIGTERM",
     "worker_stall": "SIGSTOP",
     "drain_expired": "SIGTERM",
+    "partition": "nftables drop",
 }
+#: How long a partition's rules may take to drop their first packet: the holder streams its
+#: tokens on, so only rules that missed its connections drop nothing.
+CUT_PROOF_S = 10.0
 #: drain_expired: the drained worker's own drain timeout, shorter than the rest of any such
 #: case's request; after it, the worker must exit on its own within DRAIN_EXIT_S.
 DRAIN_TIMEOUT_S = 1
@@ -48,6 +55,8 @@ class FaultReport:
     #: graceful_shutdown: the worker drained on SIGTERM alone, and the response had ended by
     #: the time it was gone, inside the graceful bound: no forced disconnect ever came.
     finished_in_grace: bool = False
+    #: partition: the rules in place until `heal`.
+    cut: firewall.Cut | None = field(default=None, compare=False, repr=False)
 
 
 def find_holder(
@@ -129,8 +138,10 @@ def inject(
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
     whatever is left of the tree once the bound has passed. worker_stall: SIGSTOP the tree and
     prove every thread stopped; it stays so until `heal`. drain_expired: SIGTERM the parent and
-    wait for the tree to exit by itself once its drain timeout has passed. Whether the response
-    had already ended is read just before the last signal goes out."""
+    wait for the tree to exit by itself once its drain timeout has passed. partition: drop
+    every packet of the tree's connections (`partition_flows`) and prove the rules dropped
+    some; they stay until `heal`. Whether the response had already ended is read just before
+    the last signal goes out."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
@@ -138,6 +149,11 @@ def inject(
     if fault == "worker_stall":
         process.freeze(deadline.within(HOLDER_TIMEOUT_S))
         return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
+    if fault == "partition":
+        cut = firewall.Cut(partition_flows(holder))  # removed at teardown, whatever happens
+        prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
+        signals = ("nftables drop",)
+        return FaultReport(fault, holder.name, process.pid, signals, done_before, cut=cut)
     if fault == "drain_expired":
         process.signal_tree(signal.SIGTERM, parent_only=True)
         if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
@@ -164,9 +180,61 @@ def inject(
     return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
 
 
-def heal(holder: Worker) -> None:
-    """worker_stall: SIGCONT the stopped tree, which then runs on where it stopped."""
-    holder.process.signal_tree(signal.SIGCONT)
+def heal(holder: Worker, fault: FaultReport) -> None:
+    """worker_stall: SIGCONT the stopped tree, which then runs on where it stopped. partition:
+    remove the rules; TCP then retransmits what they dropped."""
+    if fault.cut is not None:
+        fault.cut.heal()
+    else:
+        holder.process.signal_tree(signal.SIGCONT)
+
+
+def partition_flows(holder: Worker) -> list[firewall.Flow]:
+    """Both directions of every TCP connection of the holder's tree but those to its status
+    port (handoff's own reading of it): its listening ports whole (the request plane's server,
+    its event publisher), and the exact 4-tuple of each connection it opened (its response
+    streams to the frontend, its NATS client). All of them are on loopback."""
+    keep = {holder.ports["system"]}
+    sockets = []
+    for proc in holder.process.tree():
+        try:
+            sockets += proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue  # a helper that exited: its sockets went with it
+    strangers = [c for c in sockets if c.raddr and not _on_loopback(c.raddr.ip)]
+    if strangers:
+        raise HandoffError(f"{holder.name} has connections off loopback: {strangers}")
+    listening = {c.laddr.port for c in sockets if c.status == psutil.CONN_LISTEN} - keep
+    flows = [firewall.Flow(sport=port) for port in sorted(listening)]
+    flows += [firewall.Flow(dport=port) for port in sorted(listening)]
+    for c in sockets:
+        opened = c.status == psutil.CONN_ESTABLISHED and c.raddr
+        if opened and c.laddr.port not in listening | keep:
+            mine, theirs = (c.laddr.ip, c.laddr.port), (c.raddr.ip, c.raddr.port)
+            flows += [firewall.Flow(*mine, *theirs), firewall.Flow(*theirs, *mine)]
+    return flows
+
+
+def _on_loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
+
+
+def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:
+    """The partition took effect once its rules have dropped a packet of the holder's."""
+
+    def probe() -> tuple[int | None, str]:
+        try:
+            dropped = cut.dropped()
+        except HandoffError as exc:
+            return None, str(exc)
+        return (dropped or None), f"{dropped} packets dropped by {len(cut.flows)} rules"
+
+    poll_until(probe, deadline, f"the partition of {holder.name} to drop a packet")
+
+
+def missing_for(fault: str) -> str | None:
+    """Why `fault` cannot be made on this machine, in one line; None when it can."""
+    return firewall.missing() if fault == "partition" else None
 
 
 def worker_env(fault: str) -> dict[str, str]:

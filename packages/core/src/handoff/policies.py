@@ -12,16 +12,18 @@ end-to-end cases):
   unavailable": the HTTP status where no header had gone out yet (a unary request, a fault
   before the first token), else an SSE error frame after HTTP 200. A drain that times out on
   the worker gives a 500 "Internal server error" instead: not the migration path's answer.
-- A stalled worker (SIGSTOP) is given up on when the frontend's stream timeout fires, and
-  counted as an ongoing_request migration like a killed one; where the policy refuses to move
-  it, the user gets the timeout's own error, 504 "Request deadline exceeded" (HTTP 504 for a
-  unary request, an SSE error frame once streaming), not the 503.
+- A stalled worker (SIGSTOP), or one cut off by a partition, is given up on when the
+  frontend's stream timeout fires, and counted as an ongoing_request migration like a killed
+  one; where the policy refuses to move it, the user gets the timeout's own error, 504
+  "Request deadline exceeded" (HTTP 504 for a unary request, an SSE error frame once
+  streaming), not the 503.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from handoff.cases import SILENT
 from handoff.errors import HandoffError
 
 #: The limit Dynamo's own migration tests use when migration is on.
@@ -58,7 +60,7 @@ class ApiError:
 
 #: The frontend's answer when it cannot or may not move a request to another worker.
 SERVICE_UNAVAILABLE = ApiError(503, "Service temporarily unavailable")
-#: Its answer when the stream timeout gave up on a stalled worker and the request may not move.
+#: Its answer when the stream timeout gave up on a silent worker and the request may not move.
 DEADLINE_EXCEEDED = ApiError(504, "Request deadline exceeded")
 
 
@@ -145,6 +147,6 @@ def policy(name: str) -> Policy:
 
 def expected_outcome(fault_window: str, policy_name: str, fault: str) -> Outcome:
     outcome = OUTCOMES[(fault_window, policy_name)]
-    if fault == "worker_stall" and outcome.error is not None:
+    if fault in SILENT and outcome.error is not None:
         return replace(outcome, error=DEADLINE_EXCEEDED)
     return outcome

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from handoff import faults
 from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
-from handoff.machine import ownership
+from handoff.machine import firewall, ownership
 from handoff.machine.environment import find_nats_server, handoff_command
 from handoff.plugins import configured_backend
 from handoff.pool import PoolKey, Pools
@@ -195,6 +196,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def _reap(when: str) -> None:
     for line in ownership.reap_orphans():
         print(f"handoff: killed {line}, left running by a run that no longer exists ({when})")
+    for line in firewall.reap_orphans():
+        print(f"handoff: deleted {line}, left in place by a run that no longer exists ({when})")
 
 
 #: The signals that interrupted this run. Python swallows a KeyboardInterrupt raised inside a
@@ -290,10 +293,30 @@ def case_params(config: pytest.Config) -> list:
 
 
 def selected_cases(config: pytest.Config, backend: Backend) -> list[Case]:
-    """The cases the command line selects, before pytest-split takes a share of them."""
+    """The cases the command line selects that this machine can run, before pytest-split
+    takes a share of them."""
+    return [case for case in chosen_cases(config, backend) if not faults.missing_for(case.fault)]
+
+
+def chosen_cases(config: pytest.Config, backend: Backend) -> list[Case]:
     chosen = config.getoption("handoff_selection")
     cases = backend_cases(backend, config.getoption("handoff_topology"), chosen)
     return only(cases, config.getoption("handoff_case"), backend.name, chosen)
+
+
+def not_run_here(config: pytest.Config) -> list[str]:
+    """One line for each fault whose chosen cases this machine cannot run, and why."""
+    if not config.getoption("handoff_backend"):
+        return []
+    try:
+        cases = chosen_cases(config, chosen_backend(config))
+    except HandoffError:
+        return []  # reported at collection, in one line
+    missing: dict[str, list[Case]] = {}
+    for case in cases:
+        if why := faults.missing_for(case.fault):
+            missing.setdefault(f"{case.fault} cases not run: {why}", []).append(case)
+    return [f"handoff: {len(held)} {line}" for line, held in missing.items()]
 
 
 @pytest.fixture(scope="session")
@@ -418,9 +441,11 @@ class RunReport:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        for line in not_run_here(self.config):
+            tr.write_line(line)
         if not self.records:
             return
-        tr = terminalreporter
         tr.section("handoff cases")
         width = max(tr._tw.fullwidth, 160)  # case keys are long; CI logs do not wrap
         console = Console(file=io.StringIO(), width=width, force_terminal=tr.hasmarkup)

@@ -13,7 +13,7 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import Case, topology
+from handoff.cases import SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -162,9 +162,9 @@ def run_case(
 
 
 def stall_env(case: Case, settings: Settings) -> dict[str, str]:
-    """A stall is silence on the worker's response stream: the frontend's inactivity timeout is
-    what ends it."""
-    if case.fault != "worker_stall":
+    """A stall or a partition is silence on the worker's response stream: the frontend's
+    inactivity timeout is what ends it."""
+    if case.fault not in SILENT:
         return {}
     return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
 
@@ -318,17 +318,20 @@ def exercise(
     resumed: list[str] = []
 
     def resume() -> None:
-        """A stalled holder is resumed once the frontend has counted the move: the response
-        may still be streaming from its successor, and must take no late token from it. Any
-        later, a stall outlives the worker's discovery lease on a slow engine (vLLM on a CPU),
-        and Dynamo 1.6.1 never routes to it again (docs/known-issues.md)."""
+        """A stalled or cut-off holder is healed once the frontend has counted the move: the
+        response may still be streaming from its successor, and must take no late token from
+        it. Any later, a stall outlives the worker's discovery lease on a slow engine (vLLM on
+        a CPU), and Dynamo 1.6.1 never routes to it again (docs/known-issues.md)."""
         if not resumed:
-            faults.heal(holder)
+            dropped = fault.cut.dropped() if fault.cut else None
+            faults.heal(holder, fault)
             resumed.append(holder.name)
-            history.record("worker_resumed", worker=holder.name)
+            history.record("worker_resumed", worker=holder.name, packets_dropped=dropped)
 
     if case.fault == "worker_stall":
         history.record("worker_stopped", signals=list(fault.signals))
+    elif fault.cut is not None:
+        history.record("worker_cut_off", table=fault.cut.table, rules=len(fault.cut.flows))
     else:
         history.record("worker_gone", signals=list(fault.signals))
         if successor := deployment.replace(holder):
@@ -357,7 +360,7 @@ def exercise(
             counts_before,
             response_deadline,
             history,
-            resume if case.fault == "worker_stall" else None,
+            resume if case.fault in SILENT else None,
         )
     except Timeout as exc:
         if not why or deadline.expired():
@@ -393,7 +396,7 @@ def exercise(
         evidence, notes = evidence + kept.problems, kept.notes
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
-    if case.fault == "worker_stall":
+    if case.fault in SILENT:
         resume()  # if the frontend never counted the move
         evidence += rejoin_problems(deployment, holder, request, history)
     verdict = judge(
@@ -413,9 +416,9 @@ def exercise(
 def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before the request has moved,
     and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
-    of a stall, the HTTP layer's, as the router gives up at once; the worker's drain timeout of
-    an expired drain; nothing for a kill), then one request-plane timeout: the re-issued request
-    may first reach a worker that is gone but still listed."""
+    of a stall or a partition, the HTTP layer's, as the router gives up at once; the worker's
+    drain timeout of an expired drain; nothing for a kill), then one request-plane timeout: the
+    re-issued request may first reach a worker that is gone but still listed."""
     plane_s = REQUEST_PLANE_TIMEOUT_S[plane]
     plane_why = f"a {plane_s:g} s {plane} request timeout and "
     if fault == "graceful_shutdown":
@@ -428,7 +431,7 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
             faults.DRAIN_TIMEOUT_S,
             f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout, ",
         )
-    elif fault == "worker_stall":
+    elif fault in SILENT:
         wait = 2 * settings.stream_timeout_s
         why = f"twice its {settings.stream_timeout_s} s stream timeout, "
     else:
@@ -448,8 +451,8 @@ def last_token(inflight: InFlight) -> str:
 def rejoin_problems(
     deployment: Deployment, holder: Worker, request: Request, history: History
 ) -> list[str]:
-    """A resumed worker must serve again: short requests go out one at a time until its own
-    request count rises, within REJOIN_BOUND_S; none served names it unroutable."""
+    """A resumed or healed worker must serve again: short requests go out one at a time until
+    its own request count rises, within REJOIN_BOUND_S; none served names it unroutable."""
     port = {holder.name: holder.ports["system"]}
 
     def served() -> float:
@@ -473,7 +476,7 @@ def rejoin_problems(
     try:
         poll_until(probe, Deadline(REJOIN_BOUND_S), f"{holder.name} to serve a request again")
     except Timeout as exc:
-        return [f"{holder.name}, resumed after its stall, was never routed to again: {exc}"]
+        return [f"{holder.name}, healed after its fault, was never routed to again: {exc}"]
     history.record("worker_rejoined", worker=holder.name, requests=len(sent))
     return []
 

@@ -46,7 +46,7 @@ class Timing:
 
 #: (topology, fault) -> timing. Margins allow for the harness being late to the fault: on an
 #: overloaded machine (-n 8 on 2 cores) it took 0.5 s from request to fault, with 67 tokens out.
-#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL or SIGSTOP; 600 tokens
+#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL, SIGSTOP or cut; 600 tokens
 #:   (3.5 s) the graceful bound, and an expired drain's 1 s timeout.
 #: - kv_transfer: the seed's 823-token prefix in a 1,024-token context, 192 output tokens. The
 #:   transfer takes 0.42 s against ~0.02 s of prefill alone; decoding at 0.3x makes the 192
@@ -60,6 +60,8 @@ TIMINGS = {
     ("decode", "graceful_shutdown"): Timing(32, 600),
     ("aggregate", "worker_stall"): Timing(32, 200),
     ("decode", "worker_stall"): Timing(32, 200),
+    ("aggregate", "partition"): Timing(32, 200),
+    ("decode", "partition"): Timing(32, 200),
     ("aggregate", "drain_expired"): Timing(32, 600),
     ("decode", "drain_expired"): Timing(32, 600),
     ("kv_transfer", "worker_failure"): Timing(823, 192, transfer_gbps=0.001),

@@ -55,16 +55,23 @@ def _started(pid: int) -> float | None:
 
 def record(pid: int, name: str) -> None:
     """Remember that this process (the owner) started `pid`, called `name`."""
+    write_owned(records_dir() / f"{pid}.json", pid=pid, started=_started(pid), name=name)
+
+
+def write_owned(path: Path, **entry: object) -> None:
+    """Write `entry` to `path` with this process as its owner (pid and start time)."""
     me = os.getpid()
-    entry = {
-        "pid": pid,
-        "started": _started(pid),
-        "name": name,
-        "owner": me,
-        "owner_started": _started(me),
-    }
-    path = records_dir() / f"{pid}.json"
-    path.write_text(json.dumps(entry))
+    path.write_text(json.dumps({**entry, "owner": me, "owner_started": _started(me)}))
+
+
+def orphaned(path: Path) -> dict | None:
+    """The entry at `path` when the run that owns it no longer exists; None while it lives (or
+    the file is being written by it right now)."""
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return None if _same(entry["owner"], entry["owner_started"]) else entry
 
 
 def forget(pid: int) -> None:
@@ -82,11 +89,8 @@ def reap_orphans() -> list[str]:
     """Kill what runs that no longer exist left running; one description per process."""
     reaped = []
     for path in sorted(records_dir().glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being written by a live run right now, or not ours to judge
-        if _same(entry["owner"], entry["owner_started"]):
+        entry = orphaned(path)
+        if entry is None:
             continue
         leader = _same(entry["pid"], entry["started"])
         if leader or not psutil.pid_exists(entry["pid"]):
