@@ -25,10 +25,10 @@ def test_cases_lists_every_topology_with_its_promise():
     assert all(c[1:] == ["pre_merge", "handoff_timeout=90"] for c in cases)
     headers = [line for line in lines if line.startswith("#")]
     assert headers[0] == (
-        "# aggregate pre_merge: 20 of 160 rows; every pair over policy, fault, api, response, "
+        "# aggregate pre_merge: 28 of 192 rows; every pair over policy, fault, api, response, "
         "plane: holds"
     )
-    assert headers[1].startswith("# decode pre_merge: 10 of 80 rows; every pair over fault, api")
+    assert headers[1].startswith("# decode pre_merge: 14 of 96 rows; every pair over fault, api")
     assert all(h.endswith(": holds") for h in headers)
 
 

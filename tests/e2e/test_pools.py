@@ -300,7 +300,7 @@ def test_the_results_say_whether_each_case_ran_on_a_pool_or_fresh(tmp_path, flag
     command = [
         sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-q",
         "-p", "no:cacheprovider", "--handoff-backend", "mocker",
-        "-k", "aggregate and nats and not worker_stall and not drain_expired and not partition",
+        "-k", "aggregate and nats and (worker_failure or graceful_shutdown)",
         *flags,
     ]  # fmt: skip
     env = {**os.environ, RUN_DIR_ENV: str(run_dir)}

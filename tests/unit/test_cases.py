@@ -8,6 +8,7 @@ import pytest
 
 from handoff.cases import (
     AXES,
+    BROKER,
     TOPOLOGIES,
     Case,
     Promise,
@@ -40,6 +41,14 @@ PUBLISHED_PRE_MERGE = {
         "migration_disabled-partition-completion-unary-tcp",
         "max_seq_len_exceeded-partition-chat-stream-nats",
         "max_seq_len_not_exceeded-partition-chat-stream-nats",
+        "migration_enabled-broker_stall-chat-stream-nats",
+        "migration_enabled-broker_loss-chat-stream-nats",
+        "migration_disabled-broker_stall-completion-unary-nats",
+        "migration_disabled-broker_loss-completion-unary-nats",
+        "max_seq_len_exceeded-broker_stall-chat-stream-nats",
+        "max_seq_len_exceeded-broker_loss-chat-stream-nats",
+        "max_seq_len_not_exceeded-broker_stall-chat-stream-nats",
+        "max_seq_len_not_exceeded-broker_loss-chat-stream-nats",
     ],
     "decode": [
         "migration_enabled-worker_failure-chat-stream-nats",
@@ -52,6 +61,10 @@ PUBLISHED_PRE_MERGE = {
         "migration_enabled-drain_expired-completion-stream-tcp",
         "migration_enabled-partition-chat-stream-nats",
         "migration_enabled-partition-completion-stream-tcp",
+        "migration_enabled-broker_stall-chat-stream-nats",
+        "migration_enabled-broker_loss-chat-stream-nats",
+        "migration_enabled-broker_stall-completion-stream-nats",
+        "migration_enabled-broker_loss-completion-stream-nats",
     ],
     "kv_transfer": ["worker_failure-chat-stream-nats", "graceful_shutdown-chat-unary-tcp"],
     "prefill": [
@@ -75,7 +88,7 @@ def test_every_published_selection_keeps_its_promise(name, chosen):
 
 
 @pytest.mark.parametrize(
-    ("name", "full"), [("aggregate", 160), ("decode", 80), ("kv_transfer", 16), ("prefill", 64)]
+    ("name", "full"), [("aggregate", 192), ("decode", 96), ("kv_transfer", 16), ("prefill", 64)]
 )
 def test_nightly_covers_every_triple_in_fewer_rows_than_the_full_product(name, full):
     nightly = selection(name, "nightly")
@@ -190,3 +203,9 @@ def test_a_nightly_promise_names_only_the_axes_the_topology_varies():
     """kv_transfer fixes the policy (its ids have none): its nightly promise does not name it."""
     assert "policy" not in promise("kv_transfer", "nightly").describe()
     assert "policy" in promise("aggregate", "nightly").describe()
+
+
+def test_a_broker_fault_on_the_tcp_plane_is_no_case():
+    with pytest.raises(HandoffError, match=r"fault=broker_loss implies plane in \{nats\}: the"):
+        Case.from_id("migration_enabled-broker_loss-chat-stream-tcp")
+    assert all(c.plane == "nats" for c in selection("aggregate", "full") if c.fault in BROKER)

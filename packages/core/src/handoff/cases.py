@@ -13,6 +13,7 @@ from typing import Protocol
 
 from handoff.covering.generate import generate
 from handoff.covering.verify import (
+    Implies,
     Model,
     complete,
     format_interaction,
@@ -33,10 +34,33 @@ POLICIES = (
 #: drain_expired: SIGTERM to a worker whose own drain timeout is shorter than the request, and
 #: no SIGKILL: Dynamo's grace-expiry path. partition: nftables drop every packet of the
 #: worker's connections (request plane, response streams, NATS), removed once the evidence is in.
-FAULTS = ("worker_failure", "graceful_shutdown", "worker_stall", "drain_expired", "partition")
+#: broker_stall, broker_loss: SIGSTOP or SIGKILL of the deployment's nats-server mid-request,
+#: resumed or restarted on its port once the response is in.
+FAULTS = (
+    "worker_failure",
+    "graceful_shutdown",
+    "worker_stall",
+    "drain_expired",
+    "partition",
+    "broker_stall",
+    "broker_loss",
+)
 KILLS = ("worker_failure", "graceful_shutdown")
 #: The faults that leave the worker alive but silent to the frontend, until they are healed.
 SILENT = ("worker_stall", "partition")
+#: The faults of the NATS broker, not of a worker.
+BROKER = ("broker_stall", "broker_loss")
+#: What no topology allows, each with why.
+CONSTRAINTS = tuple(
+    Implies(
+        "fault",
+        fault,
+        "plane",
+        ("nats",),
+        "the broker's faults need the NATS plane: on the TCP plane NATS carries no request",
+    )
+    for fault in BROKER
+)
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
@@ -152,6 +176,15 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_disabled-partition-completion-unary-tcp",
                 "max_seq_len_exceeded-partition-chat-stream-nats",
                 "max_seq_len_not_exceeded-partition-chat-stream-nats",
+                # The broker's pairs, the same way (on the NATS plane only: `CONSTRAINTS`).
+                "migration_enabled-broker_stall-chat-stream-nats",
+                "migration_enabled-broker_loss-chat-stream-nats",
+                "migration_disabled-broker_stall-completion-unary-nats",
+                "migration_disabled-broker_loss-completion-unary-nats",
+                "max_seq_len_exceeded-broker_stall-chat-stream-nats",
+                "max_seq_len_exceeded-broker_loss-chat-stream-nats",
+                "max_seq_len_not_exceeded-broker_stall-chat-stream-nats",
+                "max_seq_len_not_exceeded-broker_loss-chat-stream-nats",
             ),
             pre_merge_promise=Promise(pairs_over=tuple(AXES)),
         ),
@@ -179,6 +212,10 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_enabled-drain_expired-completion-stream-tcp",
                 "migration_enabled-partition-chat-stream-nats",
                 "migration_enabled-partition-completion-stream-tcp",
+                "migration_enabled-broker_stall-chat-stream-nats",
+                "migration_enabled-broker_loss-chat-stream-nats",
+                "migration_enabled-broker_stall-completion-stream-nats",
+                "migration_enabled-broker_loss-completion-stream-nats",
             ),
             # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
             pre_merge_promise=Promise(
@@ -273,6 +310,9 @@ class Case:
                     f"{self.topology} cases allow {f.name} {', '.join(rule.allowed)} only, "
                     f"not {value!r}: {rule.why}"
                 )
+        if rule := broken_constraint(self.row()):
+            where_id = f"{self.topology} case {self.id!r}"
+            raise HandoffError(f"no {where_id}: {rule.describe()}: {rule.why}")
 
     @property
     def id(self) -> str:
@@ -321,6 +361,25 @@ def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tupl
     return values
 
 
+def broken_constraint(row: dict[str, str]) -> Implies | None:
+    """The constraint (`CONSTRAINTS`) that `row` breaks, if any."""
+    return next(
+        (c for c in CONSTRAINTS if row[c.axis] == c.value and row[c.then_axis] not in c.then),
+        None,
+    )
+
+
+def allowed_rows(values: dict[str, tuple[str, ...]]) -> list[dict[str, str]]:
+    """The product of `values` less the rows a constraint forbids."""
+    return [row for row in product_rows(values) if broken_constraint(row) is None]
+
+
+def model(values: dict[str, tuple[str, ...]], seeds: tuple[dict[str, str], ...] = ()) -> Model:
+    """The covering model of `values`, with the constraints on the values it has."""
+    rules = tuple(c for c in CONSTRAINTS if c.value in values[c.axis])
+    return Model(values, rules, seeds)
+
+
 def backend_restriction(backend: Runner, case: Case) -> Restriction | None:
     """The backend restriction that rules `case` out, if any."""
     return next((r for r in backend.restrictions if getattr(case, r.axis) not in r.allowed), None)
@@ -339,7 +398,7 @@ def selection(topology_name: str, name: str, backend: Runner | None = None) -> t
     if name not in SELECTIONS:
         raise HandoffError(f"unknown selection {name!r}: use one of {', '.join(SELECTIONS)}")
     if name == "full":
-        return tuple(Case(**row, topology=topology_name) for row in product_rows(values))
+        return tuple(Case(**row, topology=topology_name) for row in allowed_rows(values))
     published = [Case.from_id(i, topology_name) for i in where.pre_merge_ids]
     kept = [c for c in published if backend is None or backend_restriction(backend, c) is None]
     if name == "nightly":
@@ -350,7 +409,7 @@ def selection(topology_name: str, name: str, backend: Runner | None = None) -> t
         return tuple(published)
     rows = complete(
         [c.row() for c in kept],
-        product_rows(values),
+        allowed_rows(values),
         where.pre_merge_promise.pairs_over,
         where.pre_merge_promise.each_value_of,
     )
@@ -362,8 +421,8 @@ def _nightly_rows(
     values: tuple[tuple[str, tuple[str, ...]], ...], seeds: tuple[tuple[tuple[str, str], ...], ...]
 ) -> tuple[tuple[tuple[str, str], ...], ...]:
     """Generated once per process: collection and `handoff cases` ask for it repeatedly."""
-    model = Model(dict(values), seeds=tuple(dict(s) for s in seeds))
-    return tuple(tuple(row.items()) for row in generate(model, strength=3))
+    seeded = model(dict(values), tuple(dict(s) for s in seeds))
+    return tuple(tuple(row.items()) for row in generate(seeded, strength=3))
 
 
 def promise(topology_name: str, name: str) -> Promise:
@@ -387,11 +446,11 @@ def unmet(
     Only combinations the topology (and the backend, if given) allows are required: a
     restricted value is never missing.
     """
-    model = Model(allowed(topology_name, backend))
+    covering = model(allowed(topology_name, backend))
     rows = [c.row() for c in cases]
-    lines = shortfall(model, rows, kept.pairs_over, kept.each_value_of).lines()
+    lines = shortfall(covering, rows, kept.pairs_over, kept.each_value_of).lines()
     if kept.triples_over:
-        lines += [format_interaction(t) for t in missing(model, rows, 3, kept.triples_over)]
+        lines += [format_interaction(t) for t in missing(covering, rows, 3, kept.triples_over)]
     return lines
 
 

@@ -21,6 +21,7 @@ from handoff.cases import (
     TOPOLOGIES,
     Case,
     allowed,
+    model,
     promise,
     selection,
     topology,
@@ -28,7 +29,7 @@ from handoff.cases import (
 )
 from handoff.commands import container, doctor
 from handoff.commands.nightly import print_table, required_missing, run_nightly
-from handoff.covering.verify import Model, format_interaction, trace
+from handoff.covering.verify import format_interaction, trace
 from handoff.errors import HandoffError
 from handoff.plugins import ONLY_ENV, configured_backend, load
 from handoff.runs import durations, merge, report
@@ -234,7 +235,7 @@ def show_coverage(
     for n, case in enumerate(chosen, 1):
         print(f"{n:>4}  {case.id}")
     print("# traceability: the first row that covers each promised combination")
-    model = Model(allowed(topology_name, backend))
+    covering = model(allowed(topology_name, backend))
     rows = [c.row() for c in chosen]
     wanted = [(3, kept.triples_over), (2, kept.pairs_over)] + [
         (1, (a,)) for a in kept.each_value_of
@@ -242,7 +243,7 @@ def show_coverage(
     for strength, axes in wanted:
         if len(axes) < strength:
             continue
-        for cells, first in trace(model, rows, strength, axes):
+        for cells, first in trace(covering, rows, strength, axes):
             print(f"{format_interaction(cells):<80} {'-' if first is None else first + 1}")
     return 1 if missing else 0
 

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 import psutil
 
 from handoff.backend import Backend, Worker
+from handoff.cases import BROKER
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import firewall
+from handoff.machine.processes import ManagedProcess
 from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
 
@@ -23,6 +25,8 @@ FIRST_SIGNAL = {
     "worker_stall": "SIGSTOP",
     "drain_expired": "SIGTERM",
     "partition": "nftables drop",
+    "broker_stall": "SIGSTOP",
+    "broker_loss": "SIGKILL",
 }
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
@@ -133,15 +137,24 @@ def prove_in_flight(
 
 
 def inject(
-    fault: str, holder: Worker, inflight: InFlight, graceful_bound_s: float, deadline: Deadline
+    fault: str,
+    holder: Worker,
+    inflight: InFlight,
+    graceful_bound_s: float,
+    deadline: Deadline,
+    broker: ManagedProcess | None = None,
 ) -> FaultReport:
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
     whatever is left of the tree once the bound has passed. worker_stall: SIGSTOP the tree and
     prove every thread stopped; it stays so until `heal`. drain_expired: SIGTERM the parent and
     wait for the tree to exit by itself once its drain timeout has passed. partition: drop
     every packet of the tree's connections (`partition_flows`) and prove the rules dropped
-    some; they stay until `heal`. Whether the response had already ended is read just before
-    the last signal goes out."""
+    some; they stay until `heal`. broker_stall, broker_loss: SIGSTOP `broker` (the deployment's
+    nats-server) and prove it stopped, or SIGKILL it and wait until it is gone. Whether the
+    response had already ended is read just before the last signal goes out."""
+    if fault in BROKER:
+        assert broker is not None, f"{fault} needs the deployment's nats-server"
+        return fault_broker(fault, broker, inflight, deadline.within(HOLDER_TIMEOUT_S))
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
@@ -178,6 +191,20 @@ def inject(
     if left:
         raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
     return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
+
+
+def fault_broker(
+    fault: str, broker: ManagedProcess, inflight: InFlight, deadline: Deadline
+) -> FaultReport:
+    done_before = inflight.finished
+    if fault == "broker_stall":
+        broker.freeze(deadline)
+    else:
+        broker.kill()
+        if left := broker.wait_gone(deadline):
+            raise CaseFailure(f"{broker.name} still alive after SIGKILL: {left}")
+    signals = (FIRST_SIGNAL[fault],)
+    return FaultReport(fault, broker.name, broker.pid, signals, done_before)
 
 
 def heal(holder: Worker, fault: FaultReport) -> None:

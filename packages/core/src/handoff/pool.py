@@ -163,6 +163,14 @@ class Pool:
             wanted = self._spares_after_next_draw()
             self.spares = [self._start_worker(target, spare=True) for _ in range(wanted)]
 
+    def restart_nats(self) -> None:
+        """Start nats-server again on the pool's port, with its store, after a case killed it:
+        the workers and later cases of the pool reconnect to it there."""
+        assert self.nats is not None and self.nats_port is not None
+        self.processes.remove(self.nats)
+        nats = services.nats_command(self.nats_port, self.folder / "nats")
+        self.nats = self._spawn("nats-server", nats)
+
     def _spares_after_next_draw(self) -> int:
         """The spares to keep once the next case has drawn: `spare_count`, but none for a case
         the run will not bring."""

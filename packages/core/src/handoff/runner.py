@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import SILENT, Case, topology
+from handoff.cases import BROKER, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -62,6 +63,12 @@ REQUEST_PLANE_TIMEOUT_S = {"tcp": 5.0, "nats": 10.0}
 REJOIN_BOUND_S = 15.0
 #: What the resumed worker is asked, one short request at a time, until it serves one.
 REJOIN_TOKENS = 4
+#: How long new requests may fail once the broker is back: the first succeeded 3.1-3.9 s after
+#: a restart (docs/known-issues.md); a request that waits on a NATS timeout takes 10 s.
+RECOVERY_BOUND_S = 30.0
+#: The longest a probe of the recovery waits for its answer: a request published while the
+#: frontend's NATS client reconnects fails over only after four 10 s attempts.
+PROBE_READ_S = 12.0
 
 
 @dataclass(frozen=True)
@@ -307,14 +314,16 @@ def exercise(
     seen, proven_at = tokens_seen(), time.monotonic()
     if where.proves_kv_transfer and not counted_early:
         evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
+    broker = deployment.pool.nats
+    faulted = broker if case.fault in BROKER and broker else holder.process
     history.record(
         "fault_sent",
         fault=case.fault,
         signal=faults.FIRST_SIGNAL[case.fault],
-        worker=holder.name,
-        pid=holder.process.pid,
+        worker=holder.name if faulted is holder.process else faulted.name,
+        pid=faulted.pid,
     )
-    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline)
+    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline, broker)
     resumed: list[str] = []
 
     def resume() -> None:
@@ -332,6 +341,8 @@ def exercise(
         history.record("worker_stopped", signals=list(fault.signals))
     elif fault.cut is not None:
         history.record("worker_cut_off", table=fault.cut.table, rules=len(fault.cut.flows))
+    elif case.fault in BROKER:
+        history.record("broker_faulted", signals=list(fault.signals))
     else:
         history.record("worker_gone", signals=list(fault.signals))
         if successor := deployment.replace(holder):
@@ -399,6 +410,8 @@ def exercise(
     if case.fault in SILENT:
         resume()  # if the frontend never counted the move
         evidence += rejoin_problems(deployment, holder, request, history)
+    if case.fault in BROKER:
+        evidence += recovery_problems(deployment, case.fault, request, history)
     verdict = judge(
         expected,
         case.policy,
@@ -446,6 +459,40 @@ def last_token(inflight: InFlight) -> str:
         return f"no token yet ({response.summary()})"
     quiet = time.monotonic() - response.chunks[-1].at
     return f"its last token came {quiet:.1f} s ago ({response.summary()})"
+
+
+def recovery_problems(
+    deployment: Deployment, fault: str, request: Request, history: History
+) -> list[str]:
+    """The broker back (SIGCONT, or nats-server started again on its port), new requests must
+    work again: short requests go out one at a time until one completes, within
+    RECOVERY_BOUND_S; the time it took is in the history."""
+    pool = deployment.pool
+    if fault == "broker_stall":
+        assert pool.nats is not None
+        pool.nats.signal_tree(signal.SIGCONT)
+    else:
+        pool.restart_nats()
+    healed_at = time.monotonic()
+    history.record("broker_healed", how="SIGCONT" if fault == "broker_stall" else "restarted")
+    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    sent: list[Response] = []
+
+    def probe() -> tuple[bool | None, str]:
+        sent.append(Response())
+        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=PROBE_READ_S)
+        done = sent[-1].status == 200 and sent[-1].error is None
+        return (True if done else None), f"{len(sent)} request(s), {sent[-1].summary()}"
+
+    try:
+        poll_until(probe, Deadline(RECOVERY_BOUND_S), "a new request to complete")
+    except Timeout as exc:
+        return [
+            f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: {exc}"
+        ]
+    seconds = round(time.monotonic() - healed_at, 2)
+    history.record("broker_recovered", seconds=seconds, requests=len(sent))
+    return []
 
 
 def rejoin_problems(
