@@ -63,7 +63,7 @@ def proxied(monkeypatch, tmp_path: Path):
         proxies.append(AlteringProxy(base_url, mode[0]))
         return client.InFlight(proxies[-1].url, request, read_timeout_s)
 
-    def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline):
+    def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
         proxy = proxies[-1]
         proxy.alter()
         holder.process.freeze(deadline)
@@ -77,7 +77,7 @@ def proxied(monkeypatch, tmp_path: Path):
 
         poll_until(still, deadline, "the stopped holder's stream to be still")
         proxy.migrating()
-        return inject(fault, holder, inflight, graceful_bound_s, deadline)
+        return inject(fault, holder, inflight, graceful_bound_s, deadline, broker)
 
     monkeypatch.setattr(runner, "InFlight", through_proxy)
     monkeypatch.setattr(faults, "inject", from_a_still_stream)

@@ -491,7 +491,8 @@ def recovery_problems(
             f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: {exc}"
         ]
     seconds = round(time.monotonic() - healed_at, 2)
-    history.record("broker_recovered", seconds=seconds, requests=len(sent))
+    first = sent[0].summary() if len(sent) > 1 else None
+    history.record("broker_recovered", seconds=seconds, requests=len(sent), first_failed=first)
     return []
 
 
