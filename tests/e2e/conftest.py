@@ -35,3 +35,16 @@ def nothing_left_running(request, handoff_mark):
     ours = {p.pid: p for p in [*tree, *marked(handoff_mark)]}
     left = [p for pid, p in sorted(ours.items()) if pid not in kept]
     assert left == [], f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+#: The slowest groups, by their first item's setup (benchmarks/RESULTS.md): the container
+#: tests' image build, then the shards' three runs.
+FIRST = ("test_container_runs.py", "test_shards.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collected first, so that xdist hands them out first: the whole suite otherwise waits
+    on the image build that started last."""
+    items.sort(
+        key=lambda item: next((n for n, f in enumerate(FIRST) if item.path.name == f), len(FIRST))
+    )

@@ -237,7 +237,14 @@ class Space:
         return [v or 0 for v in row] if fill(0) else None
 
     def allows(self, row: Sequence[int]) -> bool:
-        return not self.rules or self.broken(row) is None
+        """Whether a complete row breaks no constraint: `broken` without its generality, as
+        the search asks this of every row it tries."""
+        for cells, then in self.rules:
+            if all(row[a] == v for a, v in cells) and (
+                then is None or not then[1] >> row[then[0]] & 1
+            ):
+                return False
+        return True
 
     def conflict(self) -> list[int]:
         """Constraints that together allow no row, none of them needless (without any one, some
