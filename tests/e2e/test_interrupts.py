@@ -62,7 +62,10 @@ def test_ctrl_c_mid_case_tears_it_down(tmp_path, log, words, phases):
     (history,) = runs.folders["runs"].rglob("history.json")
     events = json.loads(history.read_text())
     interrupted = next(e for e in events if e["event"] == "interrupted")
-    assert interrupted["after"] in phases and interrupted["how"] == "signal SIGINT", interrupted
+    # "signal SIGINT", or "..., swallowed where it arrived" when a finalizer took it first.
+    assert interrupted["after"] in phases and interrupted["how"].startswith("signal SIGINT"), (
+        interrupted
+    )
     assert events[-1]["event"] == "teardown_done" and events[-1]["problems"] == []
     (frontend_log,) = history.parent.glob("frontend.log")
     assert "request completed" not in frontend_log.read_text()

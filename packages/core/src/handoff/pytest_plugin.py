@@ -21,6 +21,7 @@ from handoff.errors import HandoffError
 from handoff.machine import firewall, ownership
 from handoff.machine.environment import find_nats_server, handoff_command
 from handoff.plugins import configured_backend
+from handoff.polling import INTERRUPTS
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings
 from handoff.runs import durations
@@ -200,11 +201,6 @@ def _reap(when: str) -> None:
         print(f"handoff: deleted {line}, left in place by a run that no longer exists ({when})")
 
 
-#: The signals that interrupted this run. Python swallows a KeyboardInterrupt raised inside a
-#: finalizer ("Exception ignored in"): the run must stop all the same, and not exit 0.
-INTERRUPTED: list[str] = []
-
-
 def _remember_interrupts() -> None:
     """SIGTERM unwinds like Ctrl-C, so every case's teardown runs, and both are remembered; a
     handler someone else installed is left alone."""
@@ -217,20 +213,20 @@ def _remember_interrupts() -> None:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    INTERRUPTED.append(signal.Signals(signum).name)
-    raise KeyboardInterrupt(f"signal {INTERRUPTED[-1]}")
+    INTERRUPTS.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(f"signal {INTERRUPTS[-1]}")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """An interrupt swallowed where it arrived stops the run before the next test starts."""
-    if INTERRUPTED:
-        raise KeyboardInterrupt(f"signal {INTERRUPTED[0]}, swallowed where it arrived")
+    if INTERRUPTS:
+        raise KeyboardInterrupt(f"signal {INTERRUPTS[0]}, swallowed where it arrived")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if INTERRUPTED and session.exitstatus == pytest.ExitCode.OK:
+    if INTERRUPTS and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 

@@ -21,7 +21,7 @@ from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
 from handoff.policies import KNOWN_DEFECTS, Outcome, Policy, expected_outcome, policy
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
 from handoff.verdict import (
     Verdict,
@@ -116,24 +116,26 @@ def run_case(
     pool = deployment = None
     interrupted = False
     try:
-        roles = roles or backend.roles(case.topology)
-        env = stall_env(case, settings) if frontend_env is None else frontend_env
-        history.record("launch", roles=list(roles), frontend_env=env)
-        pool = pools.pool_for(backend, case, roles) if pools else None
-        deployment = Deployment(
-            backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
-        )
-        draws_before = deployment.pool.draws
-        deployment.start(deadline.within(settings.startup_timeout_s))
-        history.record(
-            "ready",
-            pool=pool.name if pool else "fresh",
-            cases_before=draws_before,
-            workers=[w.name for w in deployment.workers],
-            pids={p.name: p.pid for p in deployment.processes},
-            ports=deployment.ports,
-        )
-        verdict = exercise(deployment, case, settings, deadline, history, variant=draws_before)
+        # A Ctrl-C that Python swallowed in a finalizer still stops the case at its next wait.
+        with interruptible():
+            roles = roles or backend.roles(case.topology)
+            env = stall_env(case, settings) if frontend_env is None else frontend_env
+            history.record("launch", roles=list(roles), frontend_env=env)
+            pool = pools.pool_for(backend, case, roles) if pools else None
+            deployment = Deployment(
+                backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
+            )
+            draws_before = deployment.pool.draws
+            deployment.start(deadline.within(settings.startup_timeout_s))
+            history.record(
+                "ready",
+                pool=pool.name if pool else "fresh",
+                cases_before=draws_before,
+                workers=[w.name for w in deployment.workers],
+                pids={p.name: p.pid for p in deployment.processes},
+                ports=deployment.ports,
+            )
+            verdict = exercise(deployment, case, settings, deadline, history, variant=draws_before)
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
         # reason; the next case still runs.
