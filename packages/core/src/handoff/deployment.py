@@ -220,7 +220,9 @@ class Deployment:
 def heal_partitions() -> list[str]:
     """Remove the nftables tables this process still has in place (a case that failed before
     its heal); a table that stays is a problem."""
-    for table in firewall.own_tables():
+    if not (found := firewall.own_tables()):
+        return []  # the usual case: one listing, no second
+    for table in found:
         firewall.delete(table)
     left = firewall.own_tables()
     return [f"nftables table {table} still in place after teardown" for table in left]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -243,7 +244,8 @@ def partition_flows(holder: Worker) -> list[firewall.Flow]:
 
 
 def _on_loopback(address: str) -> bool:
-    return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
 
 
 def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:

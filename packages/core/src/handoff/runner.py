@@ -477,17 +477,15 @@ def recovery_problems(
         pool.restart_nats()
     healed_at = time.monotonic()
     history.record("broker_healed", how="SIGCONT" if fault == "broker_stall" else "restarted")
-    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
-    sent: list[Response] = []
 
-    def probe() -> tuple[bool | None, str]:
-        sent.append(Response())
-        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=PROBE_READ_S)
-        done = sent[-1].status == 200 and sent[-1].error is None
-        return (True if done else None), f"{len(sent)} request(s), {sent[-1].summary()}"
+    def completed(response: Response) -> tuple[bool | None, str]:
+        return (True if response.status == 200 and response.error is None else None), ""
 
     try:
-        poll_until(probe, Deadline(RECOVERY_BOUND_S), "a new request to complete")
+        sent = short_requests_until(
+            deployment, request, completed, RECOVERY_BOUND_S, PROBE_READ_S,
+            "a new request to complete",
+        )  # fmt: skip
     except Timeout as exc:
         return [
             f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: {exc}"
@@ -511,24 +509,48 @@ def rejoin_problems(
         ]
 
     before = metrics.once_answered(served, Deadline(REJOIN_BOUND_S), f"{holder.name}'s requests")
-    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
-    sent: list[Response] = []
 
-    def probe() -> tuple[float | None, str]:
-        sent.append(Response())
-        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=REJOIN_BOUND_S)
+    def counted(response: Response) -> tuple[float | None, str]:
         try:
             now = served()
         except metrics.Unanswered as exc:
             return None, str(exc)
-        return (now if now > before else None), f"{len(sent)} request(s), {sent[-1].summary()}"
+        return (now if now > before else None), ""
 
     try:
-        poll_until(probe, Deadline(REJOIN_BOUND_S), f"{holder.name} to serve a request again")
+        sent = short_requests_until(
+            deployment, request, counted, REJOIN_BOUND_S, REJOIN_BOUND_S,
+            f"{holder.name} to serve a request again",
+        )  # fmt: skip
     except Timeout as exc:
         return [f"{holder.name}, healed after its fault, was never routed to again: {exc}"]
     history.record("worker_rejoined", worker=holder.name, requests=len(sent))
     return []
+
+
+def short_requests_until(
+    deployment: Deployment,
+    request: Request,
+    answered: Callable[[Response], tuple[object | None, str]],
+    bound_s: float,
+    read_s: float,
+    awaited: str,
+) -> list[Response]:
+    """Send `request`, unary and REJOIN_TOKENS long, one at a time until `answered` (given
+    each response) returns a result, within `bound_s`; every response sent. Timeout past it,
+    naming the last response and what `answered` saw."""
+    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    sent: list[Response] = []
+
+    def probe() -> tuple[object | None, str]:
+        sent.append(Response())
+        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=read_s)
+        result, seen = answered(sent[-1])
+        detail = f"; {seen}" if seen else ""
+        return result, f"{len(sent)} request(s), {sent[-1].summary()}{detail}"
+
+    poll_until(probe, Deadline(bound_s), awaited)
+    return sent
 
 
 def migration_evidence(
