@@ -27,7 +27,6 @@ class IsolatedRuns:
             "HANDOFF_STATE_DIR": str(self.folders["records"]),
             "HANDOFF_PORT_LEASES": str(self.folders["leases"]),
         }
-        self.env.pop("HANDOFF_RUN_DIR", None)
         self.topology, self.case = case.split("/")
         self.backend_args = backend_args
         self.timeout_s = timeout_s

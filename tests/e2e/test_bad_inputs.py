@@ -23,15 +23,12 @@ NATS_CASE = "migration_enabled-worker_failure-chat-stream-nats"
 
 @pytest.fixture
 def env(tmp_path):
-    """Its own process records and port leases, so leftovers can be counted, and its own run
-    folder under --handoff-logs (not the run folder of the pytest running this test)."""
-    env = {
+    """Its own process records and port leases, so leftovers can be counted."""
+    return {
         **os.environ,
         "HANDOFF_STATE_DIR": str(tmp_path / "records"),
         "HANDOFF_PORT_LEASES": str(tmp_path / "leases"),
     }
-    env.pop("HANDOFF_RUN_DIR", None)
-    return env
 
 
 def qualify(tmp_path, env, *args, cwd=None, python=sys.executable):

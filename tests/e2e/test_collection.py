@@ -2,11 +2,15 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from handoff.cases import TOPOLOGIES, Case, selection
 from handoff.pool import PoolKey
+from handoff.pytest_plugin import RUN_DIR
+from handoff.runs.results import FILE as RESULTS_FILE
+from handoff.runs.results import RunResults
 from handoff_mocker import MockerBackend
 
 
@@ -72,8 +76,15 @@ def test_missing_backend_option_is_one_clear_line():
     assert "Traceback" not in result.stdout and "pluggy" not in result.stdout
 
 
-def test_cases_run_on_two_xdist_workers():
+def test_cases_run_on_two_xdist_workers_in_a_run_folder_of_their_own(request):
+    """Started from this session's environment, as a test or a CI step starts one: its
+    workers share one run folder, and it is not this session's, whose pools have the same
+    names (before, it inherited this session's folder and removed a running pool's files)."""
     result = qualification("-n", "2", "-k", "aggregate and worker_failure")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "4 cases: 4 passed, 0 failed" in result.stdout
     assert "4 passed" in result.stdout.splitlines()[-1]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("results: ")]
+    run_dir = Path(line.removeprefix("results: ").split(f"/{RESULTS_FILE};")[0])
+    assert len(RunResults.load(run_dir).cases) == 4
+    assert run_dir != request.config.stash[RUN_DIR]

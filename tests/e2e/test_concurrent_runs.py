@@ -18,7 +18,6 @@ def test_two_runs_at_once_both_pass_in_their_own_folders(tmp_path):
         "HANDOFF_STATE_DIR": str(tmp_path / "records"),
         "HANDOFF_PORT_LEASES": str(tmp_path / "leases"),
     }
-    env.pop("HANDOFF_RUN_DIR", None)
     runs = {
         name: subprocess.Popen(
             [

@@ -37,11 +37,12 @@ STREAM = "aggregate/max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp"
 @pytest.mark.parametrize(
     ("log", "words", "phases"),
     [
-        # The frontend took the case's stream: Ctrl-C while it is open.
+        # The frontend took the case's stream: Ctrl-C while it is open (on a loaded machine
+        # the log is read late, when the SIGTERM may have gone out: the stream is still open).
         (
             "frontend.log",
             ("request received", "request_type=stream"),
-            {"request_sent", "holder_found", "in_flight_proven"},
+            {"request_sent", "holder_found", "in_flight_proven", "fault_sent"},
         ),
         # The faulted worker got its SIGTERM: Ctrl-C while the graceful bound runs.
         ("worker-*.log", ("Received shutdown signal",), {"fault_sent"}),

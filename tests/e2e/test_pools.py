@@ -3,7 +3,6 @@ instances, a spare nobody sees takes the faulted worker's place, a dead worker's
 removed (and a case would fail on them), and a failed case takes its pool down with its logs."""
 
 import linecache
-import os
 import re
 import signal
 import subprocess
@@ -28,7 +27,6 @@ from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import PoolKey, Pools
-from handoff.pytest_plugin import RUN_DIR_ENV
 from handoff.runner import Settings, run_case
 from handoff.runs import report
 from handoff.runs.results import CaseRecord, RunResults
@@ -296,16 +294,16 @@ def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
     [((), "main-1-mocker-aggregate+aggregate-nats-"), (("--handoff-fresh",), "fresh")],
 )
 def test_the_results_say_whether_each_case_ran_on_a_pool_or_fresh(tmp_path, flags, expected):
-    run_dir = tmp_path / "run"
+    logs = tmp_path / "runs"
     command = [
         sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification", "-q",
         "-p", "no:cacheprovider", "--handoff-backend", "mocker",
         "-k", "aggregate and nats and (worker_failure or graceful_shutdown)",
-        *flags,
+        "--handoff-logs", str(logs), *flags,
     ]  # fmt: skip
-    env = {**os.environ, RUN_DIR_ENV: str(run_dir)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
+    (run_dir,) = logs.iterdir()
     cases = RunResults.load(run_dir).cases
     assert len(cases) == 4
     assert all(c.pool.startswith(expected) for c in cases), [c.pool for c in cases]

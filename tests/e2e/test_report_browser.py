@@ -55,7 +55,6 @@ def browse(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
 def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     browser = chromium()  # before spending time on the run
     env = {**os.environ}
-    env.pop("HANDOFF_RUN_DIR", None)  # a run folder of its own, not this session's
     # As a new user after `nox -s mocker_pre_merge`: the venv that has `handoff` is not on PATH.
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if d != venv_bin)

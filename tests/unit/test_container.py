@@ -73,7 +73,6 @@ def test_command_has_each_flag_mount_and_the_image_before_the_script():
     assert command.index(RUN.image) == len(command) - 4
     assert command[command.index(RUN.image) + 1 : -1] == ["bash", "-c"]  # docker options before
     assert not any("CUDA_VISIBLE_DEVICES" in arg for arg in command)
-    assert not any("HANDOFF_RUN_DIR" in arg for arg in command)
 
 
 def test_a_backend_that_needs_no_gpu_gets_no_gpus_and_every_container_a_name_and_label():

@@ -58,7 +58,6 @@ def run(pytester, monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
     monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv(pytest_plugin.RUN_DIR_ENV, str(tmp_path / "run"))
     monkeypatch.setattr(scheduling, "cpu_slots", lambda: Slots(2, "2 CPUs in the test's mask"))
     nvml = FakeNvml(24, 24)
     opened = []
@@ -109,7 +108,7 @@ def run(pytester, monkeypatch, tmp_path):
         monkeypatch.setattr("handoff.qualification.run_case", runner)
         result = pytester.runpytest_inprocess(
             "--pyargs", "handoff.qualification", "-p", "no:cacheprovider",
-            "--handoff-backend", backend, *args,
+            "--handoff-backend", backend, "--handoff-logs", str(tmp_path / "runs"), *args,
         )  # fmt: skip
         return result, seen, opened, nvml
 

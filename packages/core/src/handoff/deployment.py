@@ -129,6 +129,30 @@ class Deployment:
             expected.setdefault(HEALTH_ENDPOINT[worker.role], set()).update(ids)
         return expected
 
+    def listing(self) -> tuple[dict[tuple[str, str], set[int]], list[str]]:
+        """What the frontend lists now: instance ids by (component, endpoint) of the roles the
+        case expects, and its models. Raises requests.RequestException or ValueError where it
+        does not answer."""
+        health = requests.get(self.base_url + "/health", timeout=2).json()
+        models = requests.get(self.base_url + "/v1/models", timeout=2).json()
+        expected = HEALTH_ENDPOINT.values()
+        listed: dict[tuple[str, str], set[int]] = {}
+        for instance in health.get("instances", []):
+            where = (instance.get("component"), instance.get("endpoint"))
+            if where in expected:
+                listed.setdefault(where, set()).add(instance.get("instance_id"))
+        return listed, [m.get("id") for m in models.get("data", [])]
+
+    def view(self) -> str:
+        """The frontend's listing now, in words: what a failed wait on new requests is judged
+        beside (a worker it no longer lists, a model it lost)."""
+        try:
+            listed, names = self.listing()
+        except (requests.RequestException, ValueError) as exc:
+            return f"the frontend does not answer /health ({type(exc).__name__})"
+        counts = {"/".join(k): len(ids) for k, ids in sorted(listed.items())}
+        return f"the frontend lists instances {counts} and models {names}"
+
     def _wait_ready(self, deadline: Deadline) -> None:
         expected = self.expected_instances()
         ours = set().union(*expected.values())
@@ -137,22 +161,16 @@ class Deployment:
         def probe() -> tuple[bool | None, str]:
             self.raise_if_exited()
             try:
-                health = requests.get(self.base_url + "/health", timeout=2).json()
-                models = requests.get(self.base_url + "/v1/models", timeout=2).json()
+                listed, names = self.listing()
             except (requests.RequestException, ValueError) as exc:
                 return None, f"frontend not answering ({type(exc).__name__})"
-            listed: dict[tuple[str, str], set[int]] = {}
-            for instance in health.get("instances", []):
-                where = (instance.get("component"), instance.get("endpoint"))
-                if where in expected:
-                    listed.setdefault(where, set()).add(instance.get("instance_id"))
+            listed = {where: ids for where, ids in listed.items() if where in expected}
             if strangers := set().union(*listed.values()) - ours:
                 raise CaseFailure(
                     f"the frontend lists instance(s) {sorted(strangers)} that are none of this "
                     f"case's workers ({sorted(ours)}): a stale registration in {self.pool.store}"
                 )
             counts = {where: len(ids) for where, ids in listed.items()}
-            names = [m.get("id") for m in models.get("data", [])]
             shown = {"/".join(k): n for k, n in sorted(counts.items())}
             shown["models"] = len(names)
             if not self.listings or self.listings[-1][1] != shown:

@@ -28,11 +28,14 @@ from handoff.runs import durations
 from handoff.runs.progress import LiveProgress
 from handoff.runs.report import case_table
 from handoff.runs.results import FILE as RESULTS_FILE
-from handoff.runs.results import PROPERTY, RUN_DIR_ENV, CaseRecord, RunResults, describe, tally
+from handoff.runs.results import PROPERTY, CaseRecord, RunResults, describe, tally
 from handoff.sharing import scheduling
 
 #: The workerinput key by which the controller tells an xdist worker it groups items by pool.
 LOADGROUP = "handoff_loadgroup"
+#: The workerinput key of the run folder, and where each process keeps its own.
+RUN_DIR_KEY = "handoff_run_dir"
+RUN_DIR = pytest.StashKey[Path]()
 MARKERS = {
     "pre_merge": "case of a pre_merge selection",
     "nightly": "case of a nightly selection",
@@ -113,22 +116,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if name:
         config.addinivalue_line("markers", f"{name}: case run against the {name} backend")
         _split_by_recorded_durations(config)
-    # One run folder for the whole run, xdist workers included: they inherit the environment.
-    if RUN_DIR_ENV not in os.environ:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}"
-        os.environ[RUN_DIR_ENV] = str(run_dir.resolve())
+    config.stash[RUN_DIR] = own_run_dir(config)
     # The qualification suite always leaves JUnit XML for CI beside its results.json.
     dry_run = config.getoption("handoff_dry_run")
     if "handoff.qualification" in config.args and not config.option.xmlpath and not dry_run:
-        config.option.xmlpath = str(Path(os.environ[RUN_DIR_ENV]) / "junit.xml")
+        config.option.xmlpath = str(config.stash[RUN_DIR] / "junit.xml")
+
+
+def own_run_dir(config: pytest.Config) -> Path:
+    """One run folder for the whole run: an xdist worker gets its controller's; any other
+    process makes its own, never one it inherited. A pytest run started by a case or a test
+    (its environment copied) has pools of the same names (gw0-1-...): in the outer run's
+    folder it would stop and remove the outer run's pools from under their cases."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return Path(workerinput[RUN_DIR_KEY])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}").resolve()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """An xdist worker decides whether to group items from its own command line, which never
-    says loadgroup when the controller chose it above: tell it."""
+    says loadgroup when the controller chose it above: tell it, and its run folder."""
     node.workerinput[LOADGROUP] = node.config.option.dist == "loadgroup"
+    node.workerinput[RUN_DIR_KEY] = str(node.config.stash[RUN_DIR])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -331,8 +343,8 @@ def handoff_settings(request: pytest.FixtureRequest, handoff_backend: Backend) -
 
 
 @pytest.fixture(scope="session")
-def handoff_run_dir() -> Path:
-    return Path(os.environ[RUN_DIR_ENV])
+def handoff_run_dir(request: pytest.FixtureRequest) -> Path:
+    return request.config.stash[RUN_DIR]
 
 
 def planned_cases(backend: Backend, items: list[pytest.Item]) -> Counter[PoolKey]:
@@ -425,7 +437,7 @@ class RunReport:
         return RunResults(
             backend=name,
             selection=self.config.getoption("handoff_selection"),
-            run_dir=os.environ[RUN_DIR_ENV],
+            run_dir=str(self.config.stash[RUN_DIR]),
             wall_s=round(time.monotonic() - self.started, 3),
             cases=records,
             handoff_version=importlib.metadata.version("handoff"),
@@ -457,7 +469,7 @@ class RunReport:
                     tr.write_line("    " + describe(event))
                 tr.write_line(f"logs kept for {case.key}: {case.folder}")
         tr.write_line(tally(self.records))
-        run_dir = os.environ[RUN_DIR_ENV]
+        run_dir = self.config.stash[RUN_DIR]
         command = handoff_command()
         tr.write_line(f"results: {run_dir}/{RESULTS_FILE}; report: {command} report {run_dir}")
 

@@ -488,7 +488,8 @@ def recovery_problems(
         )  # fmt: skip
     except Timeout as exc:
         return [
-            f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: {exc}"
+            f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: "
+            f"{exc}; {deployment.view()}"
         ]
     seconds = round(time.monotonic() - healed_at, 2)
     first = sent[0].summary() if len(sent) > 1 else None
@@ -523,7 +524,10 @@ def rejoin_problems(
             f"{holder.name} to serve a request again",
         )  # fmt: skip
     except Timeout as exc:
-        return [f"{holder.name}, healed after its fault, was never routed to again: {exc}"]
+        return [
+            f"{holder.name}, healed after its fault, was never routed to again: {exc}; "
+            f"{deployment.view()}"
+        ]
     history.record("worker_rejoined", worker=holder.name, requests=len(sent))
     return []
 

@@ -25,7 +25,6 @@ from rich.table import Table
 from handoff.commands.container import pytest_command
 from handoff.errors import HandoffError
 from handoff.plugins import ONLY_ENV, configured_backend, load
-from handoff.runs.results import RUN_DIR_ENV
 
 IMAGE_ENV = "HANDOFF_IMAGE"
 
@@ -75,9 +74,7 @@ def run_backend(name: str, run_dir: Path, image: str | None, pytest_args: list[s
         argv = [sys.executable, "-m", "handoff.commands.container", "--backend", name]
         argv += ["--image", image, "--", *args]
     started = time.monotonic()
-    # Its own run folder under the night's, even when this process was handed one.
-    env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
-    code = subprocess.run(argv, check=False, env=env).returncode
+    code = subprocess.run(argv, check=False).returncode
     seconds = time.monotonic() - started
     passed, failed = junit_counts(junit)
     where = f"inside {image}" if image else "on this machine"

@@ -14,8 +14,6 @@ from handoff.runner import CaseResult
 #: The pytest user property that carries a case's record from an xdist worker to the controller.
 PROPERTY = "handoff_result"
 FILE = "results.json"
-#: The run folder every pytest process of one run writes into; set by the first of them.
-RUN_DIR_ENV = "HANDOFF_RUN_DIR"
 #: How many events before the end a failed case's record keeps, for the reader.
 LAST_EVENTS = 6
 
