@@ -36,6 +36,7 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, Model
+from handoff.cases import KILLS, SILENT, Restriction
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -119,6 +120,16 @@ class VllmBackend(DynamoGpuBackend):
     @property
     def needs_gpu(self) -> bool:  # type: ignore[override]
         return not self.on_cpu
+
+    @property
+    def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
+        """On the CPU device the stall and the partition run too: their bounds are measured
+        there (docs/known-issues.md); the expired drain and the broker stay on the mocker."""
+        if not self.on_cpu:
+            return DynamoGpuBackend.restrictions
+        allowed = (*KILLS, *SILENT)
+        why = "an expired drain and the broker's faults are qualified on the mocker"
+        return (Restriction("fault", allowed, why),)
 
     @property
     def context_tokens(self) -> int:  # type: ignore[override]
