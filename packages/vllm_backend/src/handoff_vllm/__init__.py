@@ -123,13 +123,21 @@ class VllmBackend(DynamoGpuBackend):
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
-        """On the CPU device the stall and the partition run too: their bounds are measured
-        there (docs/known-issues.md); the expired drain and the broker stay on the mocker."""
+        """On the CPU device the aggregate stall and partition run too: their bounds are
+        measured there. A decode worker resumed or healed during the move makes the re-issued
+        request hang at the prefill worker in some runs (docs/known-issues.md): not a pass,
+        not a strict failure, so not run until it is understood."""
         if not self.on_cpu:
             return DynamoGpuBackend.restrictions
-        allowed = (*KILLS, *SILENT)
-        why = "an expired drain and the broker's faults are qualified on the mocker"
-        return (Restriction("fault", allowed, why),)
+        mocker_only = "an expired drain and the broker's faults are qualified on the mocker"
+        decode = (
+            "a vLLM decode worker resumed or healed during the move left the re-issued request "
+            "hanging at the prefill worker in 3 of 8 runs (docs/known-issues.md)"
+        )
+        return (
+            Restriction("fault", (*KILLS, *SILENT), mocker_only, ("aggregate",)),
+            Restriction("fault", KILLS, f"{decode}; {mocker_only}", ("decode",)),
+        )
 
     @property
     def context_tokens(self) -> int:  # type: ignore[override]
