@@ -106,7 +106,7 @@ def test_the_cpu_runs_the_aggregate_stall_and_partition_and_says_why_not_in_deco
     assert faults["decode"] == faults["kv_transfer"] == set(KILLS)
     on_gpu = {c.fault for c in selection("aggregate", "pre_merge", VllmBackend())}
     assert on_gpu == set(KILLS)
-    (decode,) = backend_restrictions(on_cpu(), "decode")
+    (decode,) = [r for r in backend_restrictions(on_cpu(), "decode") if r.topologies]
     assert "hanging at the prefill worker" in decode.why and "known-issues" in decode.why
     assert len(selection("aggregate", "pre_merge", on_cpu())) == 16
 

@@ -130,8 +130,8 @@ class Deployment:
         return expected
 
     def listing(self) -> tuple[dict[tuple[str, str], set[int]], list[str]]:
-        """What the frontend lists now: instance ids by (component, endpoint) of the roles the
-        case expects, and its models. Raises requests.RequestException or ValueError where it
+        """What the frontend lists now: instance ids by (component, endpoint) of every role
+        (`HEALTH_ENDPOINT`), and its models. Raises requests.RequestException or ValueError where it
         does not answer."""
         health = requests.get(self.base_url + "/health", timeout=2).json()
         models = requests.get(self.base_url + "/v1/models", timeout=2).json()
