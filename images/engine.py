@@ -62,8 +62,14 @@ def install_missing() -> None:
 class Engine:
     """A dockerd this module started, and the environment that reaches it."""
 
-    def __init__(self, process: subprocess.Popen[bytes], environ: dict[str, str], log: Path):
-        self.process, self.environ, self.log = process, environ, log
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        environ: dict[str, str],
+        log: Path,
+        folder: Path | None = None,
+    ):
+        self.process, self.environ, self.log, self.folder = process, environ, log, folder
 
     @classmethod
     def start(cls, folder: Path | None = None) -> Engine:
@@ -85,7 +91,7 @@ class Engine:
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
-        engine = cls(process, environ, log)
+        engine = cls(process, environ, log, folder)
         engine.wait_until_it_answers()
         return engine
 
@@ -107,13 +113,24 @@ class Engine:
 
     def stop(self) -> None:
         """SIGTERM to the dockerd this module started; it stops its containers and its
-        containerd first. SIGKILL to its process group if it has not within the bound."""
+        containerd first. SIGKILL to its process group if it has not within the bound. Then
+        unmount what it left mounted in a private folder: dockerd leaves its default network
+        namespace mounted there (nsfs), which keeps the namespace and the folder alive."""
         self.process.terminate()
         try:
             self.process.wait(timeout=READY_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, 9)
             self.process.wait()
+        for mount in mounts_under(self.folder) if self.folder else []:
+            subprocess.run(["umount", mount], check=True, capture_output=True, timeout=30)
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """The mount points in `folder`, deepest first (this process's view)."""
+    inside = str(folder.resolve()) + "/"
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted((p for p in points if p.startswith(inside)), key=len, reverse=True)
 
 
 def main() -> int:

@@ -14,9 +14,11 @@ ENV PIP_CERT=/etc/ssl/certs/handoff-pip.crt \
 COPY requirements /tmp/handoff/requirements
 COPY packages /tmp/handoff/packages
 # No byte-compiling at install: a run compiles the modules it imports, a fraction of them.
+# A setuptools recent enough to build handoff's packages, so that a run's install of them
+# needs no isolated build environment (handoff.commands.container.install_script).
 RUN python3 -m venv /opt/venv \
  && pip install -q --no-compile --no-deps -r /tmp/handoff/requirements/dynamo.txt \
  && pip install -q --no-compile /tmp/handoff/packages/core /tmp/handoff/packages/mocker_backend \
-      pytest-xdist \
+      pytest-xdist "setuptools>=68" \
  && pip uninstall -q -y handoff handoff-mocker \
  && rm -rf /tmp/handoff /root/.cache/pip

@@ -4,8 +4,12 @@ switch that makes its frontend do it.
 
 It runs as a process of its own, so that its forwarding never waits for the test's interpreter
 (the client and the runner read and poll there), and forwards every server-sent event the
-moment it comes, so the gaps the client sees are the frontend's own. It does not guess where
-the migration is from timing: the test says. `alter` arms it while the faulted worker still
+moment it comes, so the gaps the client sees are the frontend's own, with one exception: after
+the migration, a content frame that came less than `SPREAD_S` after the one before is held
+until then. A loaded frontend sometimes sends the new worker's first frames together, and the
+verdict rightly cannot tell that burst from a client that fell behind: it calls the boundary
+ambiguous, and then the token the test loses there cannot show. It does not guess where the
+migration is from timing: the test says. `alter` arms it while the faulted worker still
 runs and answers once the next content frame has been altered; `migrating`, sent once that
 worker is stopped and the client has read everything there was, says that every frame from
 then on is the new worker's.
@@ -37,6 +41,9 @@ MODES = ("replay", "lost_and_repeated", None)
 ALTER_TIMEOUT_S = 5.0
 #: How long the test waits for the proxy to answer a command, or to exit once told.
 ANSWER_TIMEOUT_S = 10.0
+#: The least time between content frames after the migration: far above the verdict's "back to
+#: back" (continuity.BURST_S), well below the slowed mocker's decode step.
+SPREAD_S = 0.02
 
 
 class AlteringProxy:
@@ -115,6 +122,18 @@ class Alterations:
         self.received = 0  # content frames from the frontend
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
+        self.last_sent_at = 0.0  # when the last content frame went to the client
+
+    def hold_s(self, data: bytes) -> float:
+        """How long to hold `data` before it goes out: what is left of `SPREAD_S` for a
+        content frame after the migration, else nothing."""
+        if self.after_migration is None or not is_content(data):
+            return 0.0
+        return max(0.0, self.last_sent_at + SPREAD_S - time.monotonic())
+
+    def sent(self, data: bytes) -> None:
+        if is_content(data):
+            self.last_sent_at = time.monotonic()
 
     def sends(self, event: bytes, max_tokens: int | None) -> list[bytes]:
         """What goes to the client for `event` from the frontend."""
@@ -218,7 +237,9 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) ->
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
                 for data in state.sends(event + b"\n\n", max_tokens):
+                    time.sleep(state.hold_s(data))  # pacing the frames out, not a wait on a state
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    state.sent(data)
         if buffer:
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(buffer), buffer))
         handler.wfile.write(b"0\r\n\r\n")

@@ -46,7 +46,7 @@ def docker_engine():
         yield engine
     finally:
         engine.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder)  # nothing of the engine's may be left mounted in it
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from misbehaving import WrongHolder
 
-from handoff import runner
+from handoff import faults, runner
 from handoff.cases import Case
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, Policy
@@ -419,6 +419,39 @@ def test_a_baseline_request_is_not_counted_as_the_cases_own(tmp_path):
     assert counted["max_seq_len_exceeded"] == 1
     names = [e.name for e in result.history.timeline()]
     assert names.index("baseline_finished") < names.index("request_sent")
+
+
+def test_a_hang_before_the_first_token_fails_as_hung_within_its_bound(tmp_path, monkeypatch):
+    """The prefill worker that holds the request is stopped (SIGSTOP) mid-transfer instead of
+    killed, on a frontend with no stream timeout: no token ever comes and nothing moves. With
+    no token to measure a rate from, the bound is the whole response again at the mocker's own
+    speed; the case fails as hung once it has passed, long before the case deadline."""
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "prefill")
+
+    def stop_instead(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
+        holder.process.freeze(deadline)
+        return faults.FaultReport(
+            fault, holder.name, holder.process.pid, ("SIGSTOP",), inflight.finished
+        )
+
+    monkeypatch.setattr(faults, "inject", stop_instead)
+    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90)
+    assert not result.verdict.passed
+    events = {e.name: e for e in result.history.events}
+    assert "chunk" not in events  # the fault came before the first token, and none came after
+    bound = events["response_bound"].data
+    whole_s = MockerBackend().nominal_response_s(case, MockerBackend().shape(case))
+    assert bound["whole_s"] == round(whole_s, 2)
+    holder = events["fault_sent"].data["worker"]
+    (reason,) = [r for r in result.verdict.reasons if r.startswith("hung:")]
+    assert (
+        f"still open {bound['seconds']:.0f} s after the fault on {holder}, the bound that a 10 s "
+        f"nats request timeout and the whole {whole_s:.1f} s response again allow: no token yet"
+    ) in reason, reason
+    waited = events["teardown_done"].at - events["fault_sent"].at
+    assert bound["seconds"] <= waited < bound["seconds"] + 15
+    assert result.seconds < 90 - 15
+    assert_ports_free(result)
 
 
 class ShortStall(MockerBackend):

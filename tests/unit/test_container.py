@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from handoff.machine.ports import LEASE_DIR_ENV, PortLeases
 from handoff.machine.shared import shared_folders
 from handoff.polling import Deadline, poll_until
 
+REPO = Path(__file__).resolve().parents[2]
 RUN = Run(
     backend="vllm",
     image="registry.example/team/vllm-runtime:1.6.1",
@@ -202,14 +204,44 @@ def test_whether_a_backend_needs_a_gpu_is_its_plugins_answer(backend, args, gpu,
 def test_the_handoff_packages_are_installed_before_pytest_runs():
     tokens = script_of(docker_command(RUN, environ={}))
     split = tokens.index("&&")
-    assert tokens[:split] == [
-        "python", "-m", "pip", "install", "-q",
-        "-e", "packages/core", "-e", "packages/vllm_backend",
-    ]  # fmt: skip
+    pip = "python -m pip install -q -e packages/core -e packages/vllm_backend"
+    recent = 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 68)'
+    assert tokens[:split] == shlex.split(
+        f"if python -c '{recent}' 2>/dev/null; then {pip} --no-build-isolation; else {pip}; fi"
+    )
     assert tokens[split + 1 :] == [
         "exec", "python", "-m", "pytest", "--pyargs", "handoff.qualification",
         "--handoff-backend", "vllm", "-k", "kv_transfer and not nats", "-n", "2",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("setuptools", ["65.5.0", "68.0.0", "80.9.0"])
+def test_the_install_builds_with_the_images_setuptools_only_where_it_is_recent(
+    setuptools, tmp_path
+):
+    """The script's own test, run by bash against a setuptools of each version, with a pip that
+    only says how it was called."""
+    (tmp_path / "setuptools.py").write_text(f"__version__ = {setuptools!r}\n")
+    (tmp_path / "pip.py").write_text("import sys; print(' '.join(sys.argv[1:]))\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-c", container.install_script("vllm")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    isolated = not setuptools.startswith(("68", "80"))
+    assert done.stdout.split() == [
+        "install", "-q", "-e", "packages/core", "-e", "packages/vllm_backend",
+        *([] if isolated else ["--no-build-isolation"]),
+    ]  # fmt: skip
+
+
+def test_the_setuptools_the_install_needs_is_the_packages_own():
+    for pyproject in sorted(REPO.glob("packages/*/pyproject.toml")):
+        requires = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+        assert requires == [f"setuptools>={container.SETUPTOOLS_AT_LEAST}"], pyproject
 
 
 def test_arguments_with_spaces_and_quotes_survive_both_shells():
@@ -410,7 +442,7 @@ def test_dry_run_prints_the_command_from_the_team_settings(
         f"-w {repo} -v {cache}:/root/.cache/huggingface -e HF_HOME=/root/.cache/huggingface "
         "-e PYTHONUNBUFFERED=1 -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e PIP_ROOT_USER_ACTION=ignore "
         f"-e HANDOFF_PORT_LEASES={leases} -e HANDOFF_STATE_DIR={records} "
-        "team/vllm:1 bash -c 'python -m pip install -q -e packages/core -e packages/vllm_backend"
+        f"team/vllm:1 bash -c {shlex.quote(container.install_script('vllm'))[:-1]}"
         " && exec python -m pytest --pyargs handoff.qualification --handoff-backend vllm -k "
         "'\"'\"'a b'\"'\"' -x'\n"
     )

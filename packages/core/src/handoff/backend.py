@@ -230,6 +230,13 @@ class Backend(ABC):
         max_tokens at most. None: the shape's max_tokens stand."""
         return None
 
+    def nominal_response_s(self, case: Case, shape: Shape) -> float | None:
+        """How long `shape`'s response takes from its request to its last token on an idle
+        machine, where the backend knows it by its own definition (a simulated engine's
+        speeds); None where only a measurement can tell. It bounds a response faulted before
+        its first token, which has no tokens of its own to measure a rate from."""
+        return None
+
     def output_tokens(self, text: str) -> int | None:
         """How many tokens `text` of the model's output is, where the backend can tell without
         a tokenizer; None where it cannot (continuity then checks usage only)."""

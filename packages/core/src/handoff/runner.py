@@ -49,10 +49,12 @@ CLIENT_GRACE_S = 5.0
 #: The frontend's inactivity timeout on a worker's response stream, in whole seconds. Unset,
 #: Dynamo 1.6.1 keeps a stalled worker's stream open for as long as the stall lasts.
 STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
-#: When a response faulted while decoding must have ended, counted from the fault: the wait the
-#: fault allows (`fault_wait`), then the rest of its tokens RESPONSE_SLOWER_BY times slower than
-#: the rate measured up to the in-flight proof (which counts the first token's wait too), and
-#: RESPONSE_FIXED_S for the migration itself. Still open then, the case fails as hung.
+#: When a faulted response must have ended, counted from the fault: the wait the fault allows
+#: (`fault_wait`), then what the response has left RESPONSE_SLOWER_BY times slower than
+#: expected, and RESPONSE_FIXED_S for the migration itself. What it has left: after tokens, the
+#: rest of them at the rate measured up to the in-flight proof (which counts the first token's
+#: wait too); before the first token, the whole response at the backend's own speed, where it
+#: knows it (`Backend.nominal_response_s`). Still open then, the case fails as hung.
 RESPONSE_SLOWER_BY = 4.0
 RESPONSE_FIXED_S = 5.0
 #: Dynamo 1.6.1's request timeouts: a request sent to a worker that is gone fails over after
@@ -353,17 +355,31 @@ def exercise(
         f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
         f"slowest measured {pace.slowest:.0f} tokens/s allow"
     )
+    wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
+    rest_s = None  # how long what the response has left after the fault takes
     if seen:  # a fault while decoding: what is left has a bound from the rate before it
         rate = seen / max(proven_at - sent_at, 1e-3)
-        wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
-        tokens_s = RESPONSE_SLOWER_BY * (shape.max_tokens - seen) / rate
-        after_s = round(wait_s + tokens_s + RESPONSE_FIXED_S, 1)  # as the history keeps it
-        history.record("response_bound", seconds=after_s, tokens_per_s=round(rate, 1))
+        tokens = shape.max_tokens - seen
+        rest_s, what, basis = (
+            tokens / rate,
+            f"{tokens} more tokens at {rate:.0f} tokens/s",
+            {"tokens_per_s": round(rate, 1)},
+        )
+    elif (whole_s := backend.nominal_response_s(case, shape)) is not None:
+        # a fault before the first token: the whole response again, at the backend's own speed
+        rest_s, what, basis = (
+            whole_s,
+            f"the whole {whole_s:.1f} s response again",
+            {"whole_s": round(whole_s, 2)},
+        )
+    if rest_s is not None:
+        after_s = round(wait_s + RESPONSE_SLOWER_BY * rest_s + RESPONSE_FIXED_S, 1)
+        history.record("response_bound", seconds=after_s, **basis)  # as the history keeps it
         if after_s < response_deadline.remaining():
             response_deadline = deadline.within(after_s)
             why = (
                 f"{after_s:.0f} s after the fault on {holder.name}, the bound that {waits_for}"
-                f"{shape.max_tokens - seen} more tokens at {rate:.0f} tokens/s allow"
+                f"{what} allow"
             )
     try:
         await_response(

@@ -31,6 +31,8 @@ KV_BYTES_PER_TOKEN = 512
 GB = 1e9
 
 KV_CONTEXT = 1024
+#: A decode step at speedup ratio 1 (the module's docstring).
+STEP_S = 0.0058
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class Timing:
 #:   (3.5 s) the graceful bound, and an expired drain's 1 s timeout.
 #: - kv_transfer: the seed's 823-token prefix in a 1,024-token context, 192 output tokens. The
 #:   transfer takes 0.42 s against ~0.02 s of prefill alone; decoding at 0.3x makes the 192
-#:   tokens last 3.7 s for the graceful case.
+#:   tokens last 3.7 s, past the graceful bound, and past a SIGKILL that the transfer's proof
+#:   made late: at full speed a loaded machine (-n 6 on 2 cores) killed the worker after it
+#:   had decoded its last token. Both cases then share a pool.
 #: - prefill: the fault lands during the prefill worker's transfer (1 s, or 3.2 s so that the
 #:   graceful bound passes while it still holds the request), before the first token.
 TIMINGS = {
@@ -68,7 +72,7 @@ TIMINGS = {
     ("decode", "broker_loss"): Timing(32, 200),
     ("aggregate", "drain_expired"): Timing(32, 600),
     ("decode", "drain_expired"): Timing(32, 600),
-    ("kv_transfer", "worker_failure"): Timing(823, 192, transfer_gbps=0.001),
+    ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
     ("prefill", "graceful_shutdown"): Timing(823, 64, transfer_gbps=0.00013),
@@ -149,6 +153,12 @@ class MockerBackend(Backend):
     def output_tokens(self, text: str) -> int:
         """Each token of the mocker's model is one word `tN` (handoff.word_tokenizer)."""
         return count(text)
+
+    def nominal_response_s(self, case: Case, shape: Shape) -> float | None:
+        """The simulated transfer, then one step a token at the case's speeds."""
+        timing = TIMINGS[(case.topology, case.fault)]
+        steps_s = shape.max_tokens * STEP_S / (self.speedup_ratio * timing.decode_speedup)
+        return (self.kv_transfer_floor_s(case) or 0.0) + steps_s
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = TIMINGS[(case.topology, case.fault)]

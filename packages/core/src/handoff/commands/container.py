@@ -91,6 +91,8 @@ PASS_VALUES = ("CUDA_VISIBLE_DEVICES",)
 #: Host variables passed by name only (`-e NAME`: docker reads the value, which may be a
 #: secret, from its own environment, so it never appears in the command line).
 PASS_NAMES = ("HF_TOKEN", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
+#: The oldest setuptools that builds handoff's packages (their pyproject.toml's build-system).
+SETUPTOOLS_AT_LEAST = 68
 #: Fixed container environment: live output (stdout is a pipe, not a terminal) and a quiet pip
 #: that does not reach out for its own version check or warn about running as root.
 FIXED_ENV = ("PYTHONUNBUFFERED=1", "PIP_DISABLE_PIP_VERSION_CHECK=1", "PIP_ROOT_USER_ACTION=ignore")
@@ -216,11 +218,21 @@ def resolve_model_cache(backend: str, flag: str | None, repo: Path) -> Path:
 # --- the commands -----------------------------------------------------------------------------
 
 
-def install_command(backend: str) -> list[str]:
-    return [
+def install_script(backend: str) -> str:
+    """The shell step that installs this checkout's handoff packages into the image's Python:
+    with the image's own setuptools where it is recent enough to build them, else in pip's
+    isolated build environments (a setuptools download and a build environment per package,
+    at every run)."""
+    pip = shlex.join([
         "python", "-m", "pip", "install", "-q",
         "-e", "packages/core", "-e", f"packages/{backend}_backend",
-    ]  # fmt: skip
+    ])  # fmt: skip
+    recent = shlex.join([
+        "python", "-c",
+        "import setuptools, sys; "
+        f'sys.exit(int(setuptools.__version__.split(".")[0]) < {SETUPTOOLS_AT_LEAST})',
+    ])  # fmt: skip
+    return f"if {recent} 2>/dev/null; then {pip} --no-build-isolation; else {pip}; fi"
 
 
 def pytest_command(backend: str, args: Sequence[str], python: str = "python") -> list[str]:
@@ -259,7 +271,7 @@ def docker_command(run: Run, environ: Mapping[str, str]) -> list[str]:
             command += ["-e", name]
     # pytest replaces the shell, so docker's forwarded signals (Ctrl-C) reach it directly.
     script = (
-        f"{shlex.join(install_command(run.backend))} && "
+        f"{install_script(run.backend)} && "
         f"exec {shlex.join(pytest_command(run.backend, run.pytest_args))}"
     )
     return [*command, run.image, "bash", "-c", script]
