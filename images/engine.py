@@ -72,9 +72,9 @@ class Engine:
         self.process, self.environ, self.log, self.folder = process, environ, log, folder
 
     @classmethod
-    def start(cls, folder: Path | None = None) -> Engine:
+    def start(cls, folder: Path | None = None, niceness: int = 0) -> Engine:
         """dockerd, private to `folder` (data root, state and socket there) or, without one,
-        the machine's own; back once it answers."""
+        the machine's own, at `niceness` (its containers inherit it); back once it answers."""
         install_missing()
         argv, environ = ["dockerd", *FLAGS], dict(os.environ)
         if folder is not None:
@@ -89,7 +89,7 @@ class Engine:
         with log.open("ab") as out:
             process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=lambda: os.nice(niceness),
             )  # fmt: skip
         engine = cls(process, environ, log, folder)
         engine.wait_until_it_answers()

@@ -37,7 +37,7 @@ SETTINGS = Settings(keep_logs=True)
 #: Two cases of one pool: mocker aggregate workers on the TCP plane.
 FIRST = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 SECOND = Case.from_id("migration_disabled-worker_failure-chat-unary-tcp")
-#: A case of that key whose request outlasts a few draws: 600 tokens.
+#: A case of that key whose request outlasts a few draws: 900 tokens.
 LONG = Case.from_id("migration_enabled-graceful_shutdown-chat-stream-tcp")
 
 

@@ -156,7 +156,7 @@ def test_the_last_moment_reading_passes_an_undisturbed_case(tmp_path):
 
 
 def test_a_response_finished_inside_the_graceful_bound_is_a_fault_that_came_too_late(tmp_path):
-    """As a user found it: --handoff-graceful-bound 10 lets the drained mocker finish all 600
+    """As a user found it: --handoff-graceful-bound 10 lets the drained mocker finish all 900
     tokens and exit on SIGTERM alone; the case fails for that, not for a worker that was not
     serving the request."""
     case = Case.from_id("migration_enabled-graceful_shutdown-completion-unary-tcp")

@@ -48,8 +48,10 @@ class Timing:
 
 #: (topology, fault) -> timing. Margins allow for the harness being late to the fault: on an
 #: overloaded machine (-n 8 on 2 cores) it took 0.5 s from request to fault, with 67 tokens out.
-#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL, SIGSTOP or cut; 600 tokens
-#:   (3.5 s) the graceful bound, and an expired drain's 1 s timeout.
+#: - aggregate, decode: 200 tokens (1.2 s) outlast a late SIGKILL, SIGSTOP or cut; 900 tokens
+#:   (5.2 s) the graceful bound, and an expired drain's 1 s timeout. With 600 (3.5 s), a shard
+#:   run beside the whole suite (-n 6 on 2 cores) sent its SIGKILL 3.5 s after the SIGTERM, and
+#:   the drained worker had finished the request by then.
 #: - kv_transfer: the seed's 823-token prefix in a 1,024-token context, 192 output tokens. The
 #:   transfer takes 0.42 s against ~0.02 s of prefill alone; decoding at 0.3x makes the 192
 #:   tokens last 3.7 s, past the graceful bound, and past a SIGKILL that the transfer's proof
@@ -59,9 +61,9 @@ class Timing:
 #:   graceful bound passes while it still holds the request), before the first token.
 TIMINGS = {
     ("aggregate", "worker_failure"): Timing(32, 200),
-    ("aggregate", "graceful_shutdown"): Timing(32, 600),
+    ("aggregate", "graceful_shutdown"): Timing(32, 900),
     ("decode", "worker_failure"): Timing(32, 200),
-    ("decode", "graceful_shutdown"): Timing(32, 600),
+    ("decode", "graceful_shutdown"): Timing(32, 900),
     ("aggregate", "worker_stall"): Timing(32, 200),
     ("decode", "worker_stall"): Timing(32, 200),
     ("aggregate", "partition"): Timing(32, 200),
@@ -70,8 +72,8 @@ TIMINGS = {
     ("decode", "broker_stall"): Timing(32, 200),
     ("aggregate", "broker_loss"): Timing(32, 200),
     ("decode", "broker_loss"): Timing(32, 200),
-    ("aggregate", "drain_expired"): Timing(32, 600),
-    ("decode", "drain_expired"): Timing(32, 600),
+    ("aggregate", "drain_expired"): Timing(32, 900),
+    ("decode", "drain_expired"): Timing(32, 900),
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
