@@ -165,6 +165,7 @@ def inject(
         return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
     if fault == "partition":
         cut = firewall.Cut(partition_flows(holder))  # removed at teardown, whatever happens
+        done_before = inflight.finished  # the rules are the signal: in place from here on
         prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
         signals = ("nftables drop",)
         return FaultReport(fault, holder.name, process.pid, signals, done_before, cut=cut)
