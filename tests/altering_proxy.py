@@ -122,29 +122,25 @@ class Alterations:
         self.received = 0  # content frames from the frontend
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
-        self.last_sent_at = 0.0  # when the last content frame went to the client
+        self.next_content_at = 0.0  # the earliest the next content frame may go out
 
-    def hold_s(self, data: bytes) -> float:
-        """How long to hold `data` before it goes out: what is left of `SPREAD_S` for a
-        content frame after the migration, else nothing."""
-        if self.after_migration is None or not is_content(data):
-            return 0.0
-        return max(0.0, self.last_sent_at + SPREAD_S - time.monotonic())
-
-    def sent(self, data: bytes) -> None:
-        if is_content(data):
-            self.last_sent_at = time.monotonic()
-
-    def sends(self, event: bytes, max_tokens: int | None) -> list[bytes]:
-        """What goes to the client for `event` from the frontend."""
+    def sends(self, event: bytes, max_tokens: int | None) -> list[tuple[float, bytes]]:
+        """What goes to the client for `event` from the frontend, each with when (monotonic)
+        it may go out: at once, but for content frames after the migration, `SPREAD_S` apart."""
+        now = time.monotonic()
         if not is_content(event):
-            return [event]
+            return [(now, event)]
         with self.lock:
             self.received += 1
-            self.last_content_at = time.monotonic()
+            self.last_content_at = now
             sends = self.altered_content(event, max_tokens)
             self.forwarded += len(sends)
-        return sends
+            timed = []
+            for data in sends:
+                at = now if self.after_migration is None else max(now, self.next_content_at)
+                self.next_content_at = at + SPREAD_S
+                timed.append((at, data))
+        return timed
 
     def altered_content(self, event: bytes, max_tokens: int | None) -> list[bytes]:
         if self.armed:
@@ -236,10 +232,9 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) ->
             buffer += piece
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                for data in state.sends(event + b"\n\n", max_tokens):
-                    time.sleep(state.hold_s(data))  # pacing the frames out, not a wait on a state
+                for at, data in state.sends(event + b"\n\n", max_tokens):
+                    time.sleep(max(0.0, at - time.monotonic()))  # pacing, not a wait on a state
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                    state.sent(data)
         if buffer:
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(buffer), buffer))
         handler.wfile.write(b"0\r\n\r\n")

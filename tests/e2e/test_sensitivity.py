@@ -435,12 +435,13 @@ def test_a_hang_before_the_first_token_fails_as_hung_within_its_bound(tmp_path, 
         )
 
     monkeypatch.setattr(faults, "inject", stop_instead)
-    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90)
+    backend = MockerBackend()
+    result = run_case(backend, case, tmp_path, SETTINGS, timeout_s=90)
     assert not result.verdict.passed
     events = {e.name: e for e in result.history.events}
     assert "chunk" not in events  # the fault came before the first token, and none came after
     bound = events["response_bound"].data
-    whole_s = MockerBackend().nominal_response_s(case, MockerBackend().shape(case))
+    whole_s = backend.nominal_response_s(case, backend.shape(case))
     assert bound["whole_s"] == round(whole_s, 2)
     holder = events["fault_sent"].data["worker"]
     (reason,) = [r for r in result.verdict.reasons if r.startswith("hung:")]

@@ -82,6 +82,10 @@ TIMINGS = {
 }
 
 
+def timing_of(case: Case) -> Timing:
+    return TIMINGS[(case.topology, case.fault)]
+
+
 class MockerBackend(Backend):
     name = "mocker"
     version = version("handoff-mocker")
@@ -122,20 +126,20 @@ class MockerBackend(Backend):
         return Model(MODEL_NAME, folder)
 
     def shape(self, case: Case, variant: int = 0) -> Shape:
-        timing = TIMINGS[(case.topology, case.fault)]
+        timing = timing_of(case)
         configured = self.setting("max_tokens") or {}
         output = configured.get(case.topology, timing.output)
         return Shape(prompt(timing.prompt_tokens, variant), timing.prompt_tokens, output)
 
     def worker_variant(self, case: Case) -> tuple:
         """The speed of the mocker's decode and transfer, set per fault by its timing."""
-        timing = TIMINGS[(case.topology, case.fault)]
+        timing = timing_of(case)
         return (timing.decode_speedup, timing.transfer_gbps)
 
     def worker(
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
     ) -> Launch:
-        timing = TIMINGS[(case.topology, case.fault)]
+        timing = timing_of(case)
         argv = [
             sys.executable, "-m", "dynamo.mocker",
             "--model-path", str(model.path),
@@ -159,12 +163,12 @@ class MockerBackend(Backend):
 
     def nominal_response_s(self, case: Case, shape: Shape) -> float | None:
         """The simulated transfer, then one step a token at the case's speeds."""
-        timing = TIMINGS[(case.topology, case.fault)]
+        timing = timing_of(case)
         steps_s = shape.max_tokens * STEP_S / (self.speedup_ratio * timing.decode_speedup)
         return (self.kv_transfer_floor_s(case) or 0.0) + steps_s
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
-        timing = TIMINGS[(case.topology, case.fault)]
+        timing = timing_of(case)
         if not timing.transfer_gbps:
             return None
         return timing.prompt_tokens * KV_BYTES_PER_TOKEN / (timing.transfer_gbps * GB)
