@@ -84,7 +84,7 @@ def test_frontend_with_migration_off_fails_a_case_that_expects_migration(tmp_pat
 def test_stream_cut_short_when_no_worker_is_left_to_migrate_to(tmp_path):
     reasons = failed_reasons(tmp_path, roles=("aggregate",))
     assert "the stream carried an error frame" in reasons
-    assert "None completion tokens in usage, expected 200" in reasons
+    assert "None completion tokens in usage, expected 400" in reasons
     assert "migration counter failed = 1, expected 0" in reasons
 
 
