@@ -42,9 +42,21 @@ def nothing_left_running(request, handoff_mark):
 FIRST = ("test_container_runs.py", "test_shards.py")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Collected first, so that xdist hands them out first: the whole suite otherwise waits
-    on the image build that started last."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where test_shards.py is collected too, test_qualification.py leaves it the topologies
+    it runs (three shard runs, merged and checked as one run), so that each pre-merge case runs
+    once in the suite. The slowest groups collected first, so that xdist hands them out first:
+    the whole suite otherwise waits on the image build that started last."""
+    shards = next((i.module for i in items if i.path.name == "test_shards.py"), None)
+    if shards is not None:
+        sharded = {
+            i
+            for i in items
+            if i.path.name == "test_qualification.py"
+            and i.callspec.id.split("/")[0] in shards.TOPOLOGIES
+        }
+        config.hook.pytest_deselected(items=list(sharded))
+        items[:] = [i for i in items if i not in sharded]
     items.sort(
         key=lambda item: next((n for n, f in enumerate(FIRST) if item.path.name == f), len(FIRST))
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Protocol
 
-from handoff.covering.generate import generate
+from handoff.covering import stored
 from handoff.covering.verify import (
     Implies,
     Model,
@@ -431,9 +431,10 @@ def selection(topology_name: str, name: str, backend: Runner | None = None) -> t
 def _nightly_rows(
     values: tuple[tuple[str, tuple[str, ...]], ...], seeds: tuple[tuple[tuple[str, str], ...], ...]
 ) -> tuple[tuple[tuple[str, str], ...], ...]:
-    """Generated once per process: collection and `handoff cases` ask for it repeatedly."""
+    """Generated once (`handoff.covering.stored`): collection and `handoff cases` ask for it
+    repeatedly, in every process."""
     seeded = model(dict(values), tuple(dict(s) for s in seeds))
-    return tuple(tuple(row.items()) for row in generate(seeded, strength=3))
+    return tuple(tuple(row.items()) for row in stored.generate(seeded, strength=3))
 
 
 def promise(topology_name: str, name: str) -> Promise:

@@ -36,13 +36,13 @@ import fcntl
 import hashlib
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from handoff.errors import HandoffError
+from handoff.machine.environment import cache_root
 from handoff.word_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
 from handoff_vllm import rule
 
@@ -71,16 +71,7 @@ BIAS, FLAG, PARITY, CODE = 0, 1, 2, slice(16, 512)
 #: Query and key sizes of the parity head (a score of about 33), the gate's steepness, and
 #: the output head's scale (the right token's logit).
 QUERY_KEY, GATE, LOGIT = 16.0, 60.0, 40.0
-CACHE_ENV = "HANDOFF_CACHE"
 MAKE_TIMEOUT_S = 300.0
-
-
-def cache_root() -> Path:
-    """HANDOFF_CACHE, else handoff's folder in the user's cache (XDG_CACHE_HOME)."""
-    if chosen := os.environ.get(CACHE_ENV):
-        return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "handoff"
 
 
 def folder_for(seed: int, root: Path | None = None) -> Path:

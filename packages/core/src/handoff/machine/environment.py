@@ -11,6 +11,9 @@ from pathlib import Path
 
 from handoff.errors import HandoffError
 
+#: The folder of what handoff makes once and keeps (generated arrays, the vLLM CPU model).
+CACHE_ENV = "HANDOFF_CACHE"
+
 
 def gpu_count() -> tuple[int, str]:
     """How many NVIDIA GPUs NVML sees, and why none when it is 0."""
@@ -103,3 +106,11 @@ def handoff_command() -> str:
         pass
     found = shutil.which("handoff")
     return "handoff" if found and Path(found).resolve() == script.resolve() else str(script)
+
+
+def cache_root() -> Path:
+    """HANDOFF_CACHE, else handoff's folder in the user's cache (XDG_CACHE_HOME)."""
+    if chosen := os.environ.get(CACHE_ENV):
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "handoff"

@@ -1,0 +1,40 @@
+"""Generated arrays kept on disk. The search is deterministic, so an array is a function of its
+model, its strength, the search budget and the generator's own code: each process after the
+first that asks for it reads the rows instead of searching again (collecting the nightly, `handoff
+cases`, every xdist worker). The file is named by a digest of all four, so a changed model or
+generator is a new file, never a stale one; a file that does not parse is generated again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from handoff.covering import generate as generator
+from handoff.covering import verify
+from handoff.covering.verify import Model
+from handoff.machine.environment import cache_root
+
+
+def generate(model: Model, strength: int) -> list[dict[str, str]]:
+    """`handoff.covering.generate.generate(model, strength)`, from the cache when it is there."""
+    path = cache_root() / "covering" / f"{_digest(model, strength)}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    rows = generator.generate(model, strength)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
+        json.dump(rows, out)
+    os.replace(out.name, path)  # whole or absent, however many processes write it at once
+    return rows
+
+
+def _digest(model: Model, strength: int) -> str:
+    code = b"".join(Path(m.__file__).read_bytes() for m in (generator, verify))
+    chosen = repr((model, strength, generator.MOVES, generator.SEED)).encode()
+    return hashlib.sha256(code + chosen).hexdigest()[:24]

@@ -1,0 +1,56 @@
+"""Generated arrays kept on disk: read back by the next process, never stale, never broken."""
+
+import pytest
+
+from handoff.covering import generate as generator
+from handoff.covering import stored
+from handoff.covering.verify import Forbidden, Model
+from handoff.machine.environment import CACHE_ENV
+
+MODEL = Model(
+    {"a": ("x", "y"), "b": ("x", "y", "z"), "c": ("x", "y")}, (Forbidden({"a": "x", "b": "z"}),)
+)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    return tmp_path / "covering"
+
+
+def searches(monkeypatch) -> list[Model]:
+    """The searches run from here on, each recorded."""
+    ran: list[Model] = []
+    real = generator.generate
+
+    def counted(model, strength):
+        ran.append(model)
+        return real(model, strength)
+
+    monkeypatch.setattr(generator, "generate", counted)
+    return ran
+
+
+def test_the_first_call_searches_and_the_next_reads_the_same_rows(cache, monkeypatch):
+    ran = searches(monkeypatch)
+    first = stored.generate(MODEL, 2)
+    assert first == generator.generate(MODEL, 2) and len(ran) == 2
+    assert len(list(cache.iterdir())) == 1
+    assert stored.generate(MODEL, 2) == first and len(ran) == 2
+
+
+def test_another_model_or_strength_is_another_file(cache, monkeypatch):
+    ran = searches(monkeypatch)
+    stored.generate(MODEL, 2)
+    stored.generate(MODEL, 3)
+    stored.generate(Model({**MODEL.axes, "c": ("x", "y", "w")}, MODEL.constraints), 2)
+    assert len(ran) == 3 and len(list(cache.iterdir())) == 3
+
+
+def test_a_file_that_does_not_parse_is_generated_again(cache, monkeypatch):
+    stored.generate(MODEL, 2)
+    (kept,) = cache.iterdir()
+    kept.write_text('[{"a": "x"')
+    ran = searches(monkeypatch)
+    assert stored.generate(MODEL, 2) == generator.generate(MODEL, 2)
+    assert len(ran) == 2  # the search behind the broken file, then the one to compare
