@@ -1,0 +1,90 @@
+"""Where `nox -s tests` spends its CPU, and how fast this machine is, so that suite times from
+different machines (or one machine on different days: the same 2-core kind has varied by a
+third) can be compared.
+
+    .nox/tests/bin/python benchmarks/suite_cpu.py [-- PYTEST ARGS]
+
+Run from the repository root with the tests session's venv (`nox -s tests` makes it). Prints the
+yardstick (the CPU seconds one process takes to generate every nightly selection with an empty
+cache of generated arrays: a fixed, deterministic search), the suite's wall and CPU time (every
+process it started and reaped), the CPU per yardstick, and the test modules that used most CPU.
+The suite runs as `nox -s tests` runs it, unless PYTEST ARGS replace its arguments.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cpu_per_test import FOLDER_ENV
+
+from handoff.machine.environment import CACHE_ENV
+
+SUITE = ["tests", "--ignore", "tests/vllm_cpu", "-n", "6"]
+YARDSTICK = (
+    "from handoff.cases import TOPOLOGIES, selection\nfor t in TOPOLOGIES: selection(t, 'nightly')"
+)
+SHOWN = 15
+
+
+def reaped_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def yardstick_s() -> float:
+    """The CPU seconds of generating every nightly selection in a fresh process."""
+    with tempfile.TemporaryDirectory() as cache:
+        before = reaped_cpu_s()
+        subprocess.run(
+            [sys.executable, "-c", YARDSTICK],
+            env={**os.environ, CACHE_ENV: cache},
+            check=True,
+        )
+        return reaped_cpu_s() - before
+
+
+def main(argv: list[str]) -> int:
+    chosen = argv[argv.index("--") + 1 :] if "--" in argv else SUITE
+    benchmarks = str(Path(__file__).resolve().parent)
+    with tempfile.TemporaryDirectory() as folder:
+        env = {
+            **os.environ,
+            FOLDER_ENV: folder,
+            "PYTHONPATH": os.pathsep.join(filter(None, [benchmarks, os.environ.get("PYTHONPATH")])),
+            # As nox runs it: the venv's commands (handoff) first on PATH.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        }
+        yardstick = yardstick_s()
+        before, started = reaped_cpu_s(), time.monotonic()
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "cpu_per_test", *chosen], env=env
+        )
+        wall, cpu = time.monotonic() - started, reaped_cpu_s() - before
+        tests = [json.loads(line) for f in Path(folder).glob("*.jsonl") for line in f.open()]
+    by_module: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    for test in tests:
+        totals = by_module[test["test"].split("::")[0]]
+        totals[0] += test["own_s"] + test["children_s"]
+        totals[1] += test["wall_s"]
+        totals[2] += 1
+    print(f"suite_cpu: exit {run.returncode}, {len(tests)} tests")
+    print(f"yardstick (every nightly generated, one process): {yardstick:.2f} CPU-s")
+    print(f"suite: wall {wall:.1f} s, CPU {cpu:.1f} s, {cpu / yardstick:.1f} yardsticks of CPU")
+    print(f"{'module':<50} {'tests':>5} {'CPU s':>7} {'wall s':>7}")
+    for module, (module_cpu, module_wall, count) in sorted(
+        by_module.items(), key=lambda kv: -kv[1][0]
+    )[:SHOWN]:
+        print(f"{module:<50} {count:>5} {module_cpu:>7.1f} {module_wall:>7.1f}")
+    return run.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
