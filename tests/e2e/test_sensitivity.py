@@ -6,6 +6,7 @@ import contextlib
 import re
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from typing import ClassVar
 
@@ -18,7 +19,7 @@ from handoff.cases import Case
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, Policy
 from handoff.polling import Deadline, poll_until
-from handoff.pool import Pools
+from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -26,12 +27,21 @@ SETTINGS = Settings(keep_logs=True)
 STREAM_ENABLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 
 
+class OneCaseAPool(Counter):
+    """Each check here runs one case, on a pool of its own: told so, the pool starts no spare
+    and no successor for a case that will not come."""
+
+    def __missing__(self, key: PoolKey) -> int:
+        return 1
+
+
 @pytest.fixture(autouse=True, params=["pooled"])
 def deployments(request, tmp_path_factory):
     """Every check on workers drawn from a pool, the default path (a fresh deployment is a pool
     of its own: the same draw, verdict and discard). The checks marked FRESH_TOO also run on a
     deployment of the case's own, whose teardown, not a pool's, must leave nothing behind."""
-    pools = Pools(tmp_path_factory.mktemp("pools")) if request.param == "pooled" else None
+    pooled = request.param == "pooled"
+    pools = Pools(tmp_path_factory.mktemp("pools"), planned=OneCaseAPool()) if pooled else None
     ACTIVE["pools"] = pools
     yield
     if pools is not None:
