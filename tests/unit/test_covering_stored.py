@@ -54,3 +54,13 @@ def test_a_file_that_does_not_parse_is_generated_again(cache, monkeypatch):
     ran = searches(monkeypatch)
     assert stored.generate(MODEL, 2) == generator.generate(MODEL, 2)
     assert len(ran) == 2  # the search behind the broken file, then the one to compare
+
+
+def test_the_cache_is_handoff_cache_else_handoffs_folder_in_the_users_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    stored.generate(MODEL, 2)
+    assert len(list((tmp_path / "xdg" / "handoff" / "covering").iterdir())) == 1
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "chosen"))
+    stored.generate(MODEL, 2)
+    assert len(list((tmp_path / "chosen" / "covering").iterdir())) == 1
