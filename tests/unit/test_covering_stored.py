@@ -47,13 +47,25 @@ def test_another_model_or_strength_is_another_file(cache, monkeypatch):
     assert len(ran) == 3 and len(list(cache.iterdir())) == 3
 
 
-def test_a_file_that_does_not_parse_is_generated_again(cache, monkeypatch):
+@pytest.mark.parametrize(
+    "text",
+    ['[{"a": "x"', "[]", '[{"a": "x", "b": "x"}]', '[{"a": "x", "b": "w", "c": "x"}]'],
+    ids=["cut short", "no row", "an axis missing", "a value of no axis"],
+)
+def test_a_file_that_does_not_hold_rows_of_the_model_is_generated_again(cache, monkeypatch, text):
     stored.generate(MODEL, 2)
     (kept,) = cache.iterdir()
-    kept.write_text('[{"a": "x"')
+    kept.write_text(text)
     ran = searches(monkeypatch)
     assert stored.generate(MODEL, 2) == generator.generate(MODEL, 2)
     assert len(ran) == 2  # the search behind the broken file, then the one to compare
+
+
+def test_a_cache_that_cannot_be_written_only_costs_the_search(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a-file"))  # no folder can be made under it
+    ran = searches(monkeypatch)
+    assert stored.generate(MODEL, 2) == stored.generate(MODEL, 2) and len(ran) == 2
 
 
 def test_the_cache_is_handoff_cache_else_handoffs_folder_in_the_users_cache(tmp_path, monkeypatch):
