@@ -42,8 +42,9 @@ def nothing_left_running(request, handoff_mark):
 FIRST = ("test_container_runs.py", "test_shards.py")
 
 
+@pytest.hookimpl(trylast=True)  # on what -k, -m and the rest left selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Where test_shards.py is collected too, test_qualification.py leaves it the topologies
+    """Where test_shards.py is selected too, test_qualification.py leaves it the topologies
     it runs (three shard runs, merged and checked as one run), so that each pre-merge case runs
     once in the suite. The slowest groups collected first, so that xdist hands them out first:
     the whole suite otherwise waits on the image build that started last."""

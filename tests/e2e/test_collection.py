@@ -92,3 +92,21 @@ def test_cases_run_on_two_xdist_workers_in_a_run_folder_of_their_own(request):
     cases = RunResults.load(run_dir).cases
     assert len(cases) == 2 and len({c.pool.split("-")[0] for c in cases}) == 2, cases
     assert run_dir != request.config.stash[RUN_DIR]
+
+
+@pytest.mark.parametrize(
+    ("args", "decode"),
+    [((), 0), (("-k", "decode and test_migration"), 14)],
+    ids=["shards-selected", "shards-deselected"],
+)
+def test_the_suite_runs_each_decode_case_in_the_shards_or_else_here(args, decode):
+    """test_qualification.py leaves the decode cases to test_shards.py only where the shards
+    run too (tests/e2e/conftest.py): deselected by -k, they run here."""
+    e2e = Path(__file__).parent
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         str(e2e / "test_qualification.py"), str(e2e / "test_shards.py"), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    cases = [line for line in listed.stdout.splitlines() if "::test_migration[decode/" in line]
+    assert len(cases) == decode, listed.stdout[-2000:]
