@@ -16,14 +16,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from cpu_per_test import FOLDER_ENV
+from cpu_per_test import FOLDER_ENV, cpu_s
 
 from handoff.machine.environment import CACHE_ENV
 
@@ -35,8 +34,7 @@ SHOWN = 15
 
 
 def reaped_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return cpu_s()[1]
 
 
 def yardstick_s() -> float:

@@ -52,11 +52,12 @@ def _write(path: Path, rows: list[dict[str, str]]) -> None:
     """Whole or absent, however many processes write it at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
-        json.dump(rows, out)
-    try:
-        os.replace(out.name, path)
-    finally:
-        Path(out.name).unlink(missing_ok=True)
+        try:
+            json.dump(rows, out)
+            out.close()
+            os.replace(out.name, path)
+        finally:  # a file half written (a full disk) goes too, not only one never moved
+            Path(out.name).unlink(missing_ok=True)
 
 
 def _digest(model: Model, strength: int) -> str:
