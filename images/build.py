@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,12 +28,16 @@ HERE = Path(__file__).resolve().parent
 VLLM_PACKAGES = ("core", "mocker_backend", "vllm_backend")
 #: Image -> its Dockerfile here and what of the repository its build context holds.
 IMAGES = {
-    "mocker": ("mocker.Dockerfile", ("requirements", "packages/core", "packages/mocker_backend")),
+    "mocker": ("mocker.Dockerfile", ("requirements",)),
     "vllm-cpu": (
         "vllm-cpu.Dockerfile",
         tuple(["noxfile.py", "requirements"] + [f"packages/{p}" for p in VLLM_PACKAGES]),
     ),
 }
+#: Image -> the packages whose dependencies, not the packages themselves, it holds (a run
+#: installs the packages from the mounted checkout): a change to their code builds no new image.
+DEPENDENCIES_OF = {"mocker": ("packages/core", "packages/mocker_backend")}
+DEPENDENCIES_FILE = "handoff-dependencies.txt"
 SUITE = "bookworm"
 BOOTSTRAP = "mmdebstrap"
 #: What the base holds beyond the minimal set (`minbase`): a Python with venv (whose pip every
@@ -112,6 +118,8 @@ def image(name: str) -> str:
             else:
                 shutil.copytree(REPO / source, context / source, ignore=BUILD_LEFTOVERS)
         shutil.copy(HERE / dockerfile, context / dockerfile)
+        if name in DEPENDENCIES_OF:
+            (context / DEPENDENCIES_FILE).write_text(dependencies(DEPENDENCIES_OF[name]))
         shutil.copy(ca_bundle(), context / "ca-certificates.crt")
         files = sorted(p for p in context.rglob("*") if p.is_file())
         parts = [base_tag.encode()]
@@ -124,6 +132,18 @@ def image(name: str) -> str:
             "-t", tag, "-f", str(context / dockerfile), str(context),
         ])  # fmt: skip
     return tag
+
+
+def dependencies(packages: tuple[str, ...]) -> str:
+    """The requirement lines of `packages`' pyproject.toml, less the packages themselves."""
+    projects = [tomllib.loads((REPO / p / "pyproject.toml").read_text()) for p in packages]
+    projects = [project["project"] for project in projects]
+    own = {project["name"] for project in projects}
+    lines = {
+        d for project in projects for d in project["dependencies"]
+        if re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] not in own
+    }  # fmt: skip
+    return "".join(f"{line}\n" for line in sorted(lines))
 
 
 def ca_bundle() -> Path:

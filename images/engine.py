@@ -68,20 +68,25 @@ class Engine:
         environ: dict[str, str],
         log: Path,
         folder: Path | None = None,
+        data_root: Path | None = None,
     ):
-        self.process, self.environ, self.log, self.folder = process, environ, log, folder
+        self.process, self.environ, self.log = process, environ, log
+        self.folder, self.data_root = folder, data_root
 
     @classmethod
-    def start(cls, folder: Path | None = None, niceness: int = 0) -> Engine:
-        """dockerd, private to `folder` (data root, state and socket there) or, without one,
-        the machine's own, at `niceness` (its containers inherit it); back once it answers."""
+    def start(
+        cls, folder: Path | None = None, niceness: int = 0, data_root: Path | None = None
+    ) -> Engine:
+        """dockerd, private to `folder` (state and socket there, and its data root unless
+        `data_root` names another, which a later engine may reuse) or, without one, the
+        machine's own, at `niceness` (its containers inherit it); back once it answers."""
         install_missing()
         argv, environ = ["dockerd", *FLAGS], dict(os.environ)
         if folder is not None:
             socket = f"unix://{folder / 'docker.sock'}"
             argv += [
-                "--data-root", str(folder / "data"), "--exec-root", str(folder / "exec"),
-                "--pidfile", str(folder / "docker.pid"), "--host", socket,
+                "--data-root", str(data_root or folder / "data"), "--exec-root",
+                str(folder / "exec"), "--pidfile", str(folder / "docker.pid"), "--host", socket,
             ]  # fmt: skip
             environ["DOCKER_HOST"] = socket
         log = (folder or Path.cwd()) / ("dockerd.log" if folder else MACHINE_LOG)
@@ -91,7 +96,7 @@ class Engine:
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=lambda: os.nice(niceness),
             )  # fmt: skip
-        engine = cls(process, environ, log, folder)
+        engine = cls(process, environ, log, folder, data_root)
         engine.wait_until_it_answers()
         return engine
 
@@ -122,8 +127,27 @@ class Engine:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, 9)
             self.process.wait()
-        for mount in mounts_under(self.folder) if self.folder else []:
-            subprocess.run(["umount", mount], check=True, capture_output=True, timeout=30)
+        for folder in filter(None, (self.folder, self.data_root)):
+            for mount in mounts_under(folder):
+                subprocess.run(["umount", mount], check=True, capture_output=True, timeout=30)
+
+    def keep_only(self, image: str) -> None:
+        """Remove every other image of `image`'s repository, and every container and image
+        nothing uses: what a reused data root would otherwise pile up run after run."""
+        repository = image.rsplit(":", 1)[0]
+        listed = self.docker("image", "ls", repository, "--format", "{{.Repository}}:{{.Tag}}")
+        for other in set(listed.split()) - {image}:
+            self.docker("image", "rm", other)
+        self.docker("container", "prune", "--force")
+        self.docker("image", "prune", "--force")
+
+    def docker(self, *args: str) -> str:
+        done = subprocess.run(
+            ["docker", *args], env=self.environ, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise EngineError(f"`docker {' '.join(args)}` failed: {done.stderr.strip()}")
+        return done.stdout
 
 
 def mounts_under(folder: Path) -> list[str]:

@@ -12,13 +12,14 @@ ENV PIP_CERT=/etc/ssl/certs/handoff-pip.crt \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 COPY requirements /tmp/handoff/requirements
-COPY packages /tmp/handoff/packages
+# The packages' dependencies, read from their pyproject.toml by build.py: not the packages, so
+# that a change to handoff's code needs no new image.
+COPY handoff-dependencies.txt /tmp/handoff/
 # No byte-compiling at install: a run compiles the modules it imports, a fraction of them.
 # A setuptools recent enough to build handoff's packages, so that a run's install of them
 # needs no isolated build environment (handoff.commands.container.install_script).
 RUN python3 -m venv /opt/venv \
  && pip install -q --no-compile --no-deps -r /tmp/handoff/requirements/dynamo.txt \
- && pip install -q --no-compile /tmp/handoff/packages/core /tmp/handoff/packages/mocker_backend \
+ && pip install -q --no-compile -r /tmp/handoff/handoff-dependencies.txt \
       pytest-xdist "setuptools>=68" \
- && pip uninstall -q -y handoff handoff-mocker \
  && rm -rf /tmp/handoff /root/.cache/pip

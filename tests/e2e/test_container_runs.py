@@ -6,6 +6,7 @@ handoff.commands.container`, exactly as `nox -s mocker_pre_merge -- --image IMAG
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import pytest
 from engine import Engine, answers
 
 from handoff.commands.container import LABEL
+from handoff.machine.environment import cache_root
 from handoff.polling import Deadline, poll_until
 
 pytestmark = pytest.mark.xdist_group("container")
@@ -38,6 +40,22 @@ NICENESS = -10 if os.geteuid() == 0 else 0
 SAMPLE_S = 0.1
 
 
+@contextlib.contextmanager
+def reused_data_root():
+    """The data root kept in handoff's cache folder, so that the image built by the last run
+    on this machine is reused (build.py tags an image by what went into it); a private one
+    where another run holds it. Locked while the engine runs: one dockerd per data root."""
+    cache = cache_root()
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / "docker.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield cache / "docker"
+
+
 @pytest.fixture(scope="module")
 def docker_engine():
     """None when this machine's engine answers, else a private one started in a short folder
@@ -46,12 +64,13 @@ def docker_engine():
         yield None
         return
     folder = Path(tempfile.mkdtemp(prefix="hd-"))
-    engine = Engine.start(folder, NICENESS)
-    try:
-        yield engine
-    finally:
-        engine.stop()
-        shutil.rmtree(folder)  # nothing of the engine's may be left mounted in it
+    with reused_data_root() as data_root:
+        engine = Engine.start(folder, NICENESS, data_root)
+        try:
+            yield engine
+        finally:
+            engine.stop()
+            shutil.rmtree(folder)  # nothing of the engine's may be left mounted in it
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +80,16 @@ def docker_env(docker_engine):
 
 
 @pytest.fixture(scope="module")
-def mocker_image(docker_env) -> str:
+def mocker_image(docker_engine, docker_env) -> str:
     built = subprocess.run(
         [sys.executable, str(REPO / "images/build.py"), "mocker"], cwd=REPO, env=docker_env,
         capture_output=True, text=True, timeout=1800, preexec_fn=lambda: os.nice(NICENESS),
     )  # fmt: skip
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    return built.stdout.strip().splitlines()[-1]
+    image = built.stdout.strip().splitlines()[-1]
+    if docker_engine is not None:
+        docker_engine.keep_only(image)
+    return image
 
 
 def start(docker_env, image: str, logs: Path) -> subprocess.Popen[str]:
