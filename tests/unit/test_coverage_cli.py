@@ -22,13 +22,14 @@ def traced(lines):
 def test_the_aggregate_pre_merge_rows_cover_every_pair(capsys):
     code, lines = coverage(capsys, "--backend", "mocker", "--topology", "aggregate")
     assert code == 0
-    assert lines[0] == "# aggregate pre_merge of mocker: 28 of 192 rows"
+    assert lines[0] == "# aggregate pre_merge of mocker: 30 of 200 rows"
     assert lines[1].endswith(": holds")
     pairs = traced(lines)
-    # 4 policies x 13 values of the other axes, 7 faults x 6 values of the three binary axes
-    # but the broker's two on TCP (forbidden), and 3 pairs of binary axes x 4.
-    assert len(pairs) == 4 * 13 + (7 * 6 - 2) + 3 * 4
-    assert {row for _, row in pairs} == {str(n) for n in range(1, 29)}  # every row earns its place
+    # 4 policies x 14 values of the other axes but the stall past the lease with the three
+    # policies it forbids, 8 faults x 6 values of the three binary axes but the broker's two on
+    # TCP (forbidden), and 3 pairs of binary axes x 4.
+    assert len(pairs) == (4 * 14 - 3) + (8 * 6 - 2) + 3 * 4
+    assert {row for _, row in pairs} == {str(n) for n in range(1, 31)}  # every row earns its place
     assert ("policy=migration_enabled & fault=worker_failure", "1") in pairs
 
 

@@ -402,7 +402,10 @@ def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, 
     assert set(skipped) == {"prefill"} and "prefill" in skipped["prefill"]
     backend = BACKENDS[name]()
     # No GPU engine runs the hangs yet (DynamoGpuBackend.restrictions); TRT-LLM no drain.
-    hangs = ("worker_stall", "drain_expired", "partition", "broker_stall", "broker_loss")
+    hangs = (
+        "worker_stall", "drain_expired", "partition", "broker_stall", "broker_loss",
+        "stall_past_lease",
+    )  # fmt: skip
     not_run = hangs if name != "trtllm" else (*hangs, "graceful_shutdown")
     for t in GPU_TOPOLOGIES:
         assert ids[t] == [c.id for c in selection(t, "pre_merge", backend)]

@@ -31,6 +31,8 @@ POLICIES = (
 )
 #: worker_failure: SIGKILL. graceful_shutdown: SIGTERM, SIGKILL after the graceful bound.
 #: worker_stall: SIGSTOP, SIGCONT once the verdict's evidence is in (a hang, not a crash).
+#: stall_past_lease: SIGSTOP, SIGCONT only once the frontend no longer lists the worker (its
+#: discovery lease ran out while it was stopped); then it must serve again.
 #: drain_expired: SIGTERM to a worker whose own drain timeout is shorter than the request, and
 #: no SIGKILL: Dynamo's grace-expiry path. partition: nftables drop every packet of the
 #: worker's connections (request plane, response streams, NATS), removed once the evidence is in.
@@ -44,22 +46,35 @@ FAULTS = (
     "partition",
     "broker_stall",
     "broker_loss",
+    "stall_past_lease",
 )
 KILLS = ("worker_failure", "graceful_shutdown")
+#: The stall that lasts until the frontend no longer lists the stopped worker.
+PAST_LEASE = "stall_past_lease"
 #: The faults that leave the worker alive but silent to the frontend, until they are healed.
-SILENT = ("worker_stall", "partition")
+SILENT = ("worker_stall", "partition", PAST_LEASE)
 #: The faults of the NATS broker, not of a worker.
 BROKER = ("broker_stall", "broker_loss")
 #: What no topology allows, each with why.
-CONSTRAINTS = tuple(
+CONSTRAINTS = (
+    *(
+        Implies(
+            "fault",
+            fault,
+            "plane",
+            ("nats",),
+            "the broker's faults need the NATS plane: on the TCP plane NATS carries no request",
+        )
+        for fault in BROKER
+    ),
     Implies(
         "fault",
-        fault,
-        "plane",
-        ("nats",),
-        "the broker's faults need the NATS plane: on the TCP plane NATS carries no request",
-    )
-    for fault in BROKER
+        PAST_LEASE,
+        "policy",
+        ("migration_enabled",),
+        "what a lapsed lease does to the resumed worker does not depend on the policy; the "
+        "policies of a stall are qualified by worker_stall",
+    ),
 )
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
@@ -190,6 +205,9 @@ TOPOLOGIES: dict[str, Topology] = {
                 "max_seq_len_exceeded-broker_loss-chat-stream-nats",
                 "max_seq_len_not_exceeded-broker_stall-chat-stream-nats",
                 "max_seq_len_not_exceeded-broker_loss-chat-stream-nats",
+                # The stall past the lease's pairs (with migration_enabled only: `CONSTRAINTS`).
+                "migration_enabled-stall_past_lease-chat-stream-nats",
+                "migration_enabled-stall_past_lease-completion-unary-tcp",
             ),
             pre_merge_promise=Promise(pairs_over=tuple(AXES)),
         ),
@@ -203,6 +221,12 @@ TOPOLOGIES: dict[str, Topology] = {
                     ("stream",),
                     "a unary response leaves nothing in flight to fault once it is complete; "
                     "the decode fault is proven by streamed chunks",
+                ),
+                Restriction(
+                    "fault",
+                    tuple(f for f in FAULTS if f != PAST_LEASE),
+                    "a discovery lease is a worker's whatever its role: the aggregate cases "
+                    "qualify what its lapse does",
                 ),
             ),
             omitted_from_id=(),

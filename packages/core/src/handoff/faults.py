@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER
+from handoff.cases import BROKER, PAST_LEASE
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import firewall
@@ -28,6 +28,7 @@ FIRST_SIGNAL = {
     "partition": "nftables drop",
     "broker_stall": "SIGSTOP",
     "broker_loss": "SIGKILL",
+    "stall_past_lease": "SIGSTOP",
 }
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
@@ -146,9 +147,10 @@ def inject(
     broker: ManagedProcess | None = None,
 ) -> FaultReport:
     """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
-    whatever is left of the tree once the bound has passed. worker_stall: SIGSTOP the tree and
-    prove every thread stopped; it stays so until `heal`. drain_expired: SIGTERM the parent and
-    wait for the tree to exit by itself once its drain timeout has passed. partition: drop
+    whatever is left of the tree once the bound has passed. worker_stall, stall_past_lease:
+    SIGSTOP the tree and prove every thread stopped; it stays so until `heal`. drain_expired:
+    SIGTERM the parent and wait for the tree to exit by itself once its drain timeout has
+    passed. partition: drop
     every packet of the tree's connections (`partition_flows`) and prove the rules dropped
     some; they stay until `heal`. broker_stall, broker_loss: SIGSTOP `broker` (the deployment's
     nats-server) and prove it stopped, or SIGKILL it and wait until it is gone. Whether the
@@ -160,7 +162,7 @@ def inject(
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
     finished_in_grace = False
-    if fault == "worker_stall":
+    if fault in ("worker_stall", PAST_LEASE):
         process.freeze(deadline.within(HOLDER_TIMEOUT_S))
         return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
     if fault == "partition":
@@ -210,7 +212,7 @@ def fault_broker(
 
 
 def heal(holder: Worker, fault: FaultReport) -> None:
-    """worker_stall: SIGCONT the stopped tree, which then runs on where it stopped. partition:
+    """A stall: SIGCONT the stopped tree, which then runs on where it stopped. partition:
     remove the rules; TCP then retransmits what they dropped."""
     if fault.cut is not None:
         fault.cut.heal()

@@ -136,6 +136,14 @@ KNOWN_DEFECTS = {
             "graceful-shutdown docs); 1.6.1 ends it with a 500, no migration counted",
             ("Internal server error", "the frontend counted no migration at all"),
         ),
+        KnownDefect(
+            "stall_past_lease",
+            "Dynamo issue 3493",
+            "a worker whose discovery lease ran out while it was paused must serve again once "
+            "it runs (3493: a lost lease never recovers, reported on etcd); 1.6.1's file store "
+            "never lists it again",
+            ("was never routed to again",),
+        ),
     )
 }
 

@@ -14,7 +14,7 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, SILENT, Case, topology
+from handoff.cases import BROKER, PAST_LEASE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -63,6 +63,9 @@ REQUEST_PLANE_TIMEOUT_S = {"tcp": 5.0, "nats": 10.0}
 #: How long a resumed worker may take to serve a request again: the frontend avoids a worker
 #: that failed for about 5 s (docs/known-issues.md).
 REJOIN_BOUND_S = 15.0
+#: How long a stopped worker may stay listed by the frontend: on Dynamo 1.6.1 its file-store
+#: lease ran out about 10 s after the stop (docs/known-issues.md).
+LEASE_BOUND_S = 30.0
 #: What the resumed worker is asked, one short request at a time, until it serves one.
 REJOIN_TOKENS = 4
 #: How long new requests may fail once the broker is back: the first succeeded 3.1-3.9 s after
@@ -328,6 +331,7 @@ def exercise(
         pid=faulted.pid,
     )
     fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline, broker)
+    faulted_at = time.monotonic()
     resumed: list[str] = []
 
     def resume() -> None:
@@ -341,7 +345,7 @@ def exercise(
             resumed.append(holder.name)
             history.record("worker_resumed", worker=holder.name, packets_dropped=dropped)
 
-    if case.fault == "worker_stall":
+    if case.fault in ("worker_stall", PAST_LEASE):
         history.record("worker_stopped", signals=list(fault.signals))
     elif fault.cut is not None:
         history.record("worker_cut_off", table=fault.cut.table, rules=len(fault.cut.flows))
@@ -389,7 +393,7 @@ def exercise(
             counts_before,
             response_deadline,
             history,
-            resume if case.fault in SILENT else None,
+            resume if case.fault in SILENT and case.fault != PAST_LEASE else None,
         )
     except Timeout as exc:
         if not why or deadline.expired():
@@ -425,9 +429,13 @@ def exercise(
         evidence, notes = evidence + kept.problems, kept.notes
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
+    if case.fault == PAST_LEASE:
+        await_unlisted(deployment, holder, faulted_at, history)
     if case.fault in SILENT:
         resume()  # if the frontend never counted the move
         evidence += rejoin_problems(deployment, holder, request, history)
+    if case.fault == PAST_LEASE:
+        retire(holder, deadline)
     if case.fault in BROKER:
         evidence += recovery_problems(deployment, case.fault, request, history)
     verdict = judge(
@@ -546,6 +554,42 @@ def rejoin_problems(
         ]
     history.record("worker_rejoined", worker=holder.name, requests=len(sent))
     return []
+
+
+def await_unlisted(
+    deployment: Deployment, holder: Worker, stopped_at: float, history: History
+) -> None:
+    """The proof that a stall outlived the holder's discovery lease: the frontend no longer
+    lists any instance of it, within LEASE_BOUND_S of the stop."""
+    ids = deployment.pool.instance_ids.get(holder.name, set())
+
+    def probe() -> tuple[bool | None, str]:
+        try:
+            listed, _ = deployment.listing()
+        except (requests.RequestException, ValueError) as exc:
+            return None, f"the frontend does not answer /health ({type(exc).__name__})"
+        still = ids & set().union(*listed.values())
+        return (None if still else True), f"{holder.name}'s instances {sorted(still)} listed"
+
+    left_s = LEASE_BOUND_S - (time.monotonic() - stopped_at)
+    try:
+        poll_until(probe, Deadline(max(left_s, 0.0)), f"the frontend to drop {holder.name}")
+    except Timeout as exc:
+        raise CaseFailure(
+            f"the stall did not outlive {holder.name}'s discovery lease: still listed "
+            f"{LEASE_BOUND_S:g} s after SIGSTOP ({exc})"
+        ) from None
+    history.record(
+        "worker_unlisted", worker=holder.name, seconds=round(time.monotonic() - stopped_at, 2)
+    )
+
+
+def retire(holder: Worker, deadline: Deadline) -> None:
+    """SIGKILL a worker resumed after its lease ran out: Dynamo 1.6.1 never lists it again, so
+    no later case of its pool may draw it; its pool replaces it as it replaces a killed one."""
+    holder.process.signal_tree(signal.SIGKILL)
+    if left := holder.process.wait_gone(deadline.within(faults.HOLDER_TIMEOUT_S)):
+        raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
 
 
 def short_requests_until(

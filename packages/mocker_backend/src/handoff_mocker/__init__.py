@@ -68,6 +68,7 @@ TIMINGS = {
     ("decode", "graceful_shutdown"): Timing(32, 900),
     ("aggregate", "worker_stall"): Timing(32, 600),
     ("decode", "worker_stall"): Timing(32, 600),
+    ("aggregate", "stall_past_lease"): Timing(32, 600),
     ("aggregate", "partition"): Timing(32, 600),
     ("decode", "partition"): Timing(32, 600),
     ("aggregate", "broker_stall"): Timing(32, 200),

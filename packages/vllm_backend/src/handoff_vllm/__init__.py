@@ -36,7 +36,7 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, Model
-from handoff.cases import KILLS, SILENT, Restriction
+from handoff.cases import KILLS, Restriction
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -132,8 +132,9 @@ class VllmBackend(DynamoGpuBackend):
         return (
             Restriction(
                 "fault",
-                (*KILLS, *SILENT),
-                "an expired drain and the broker's faults are qualified on the mocker",
+                (*KILLS, "worker_stall", "partition"),
+                "an expired drain, a stall past the discovery lease and the broker's faults are "
+                "qualified on the mocker",
             ),
             Restriction(
                 "fault",
