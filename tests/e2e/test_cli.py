@@ -25,7 +25,7 @@ def test_cases_lists_every_topology_with_its_promise():
     assert all(c[1:] == ["pre_merge", "handoff_timeout=90"] for c in cases)
     headers = [line for line in lines if line.startswith("#")]
     assert headers[0] == (
-        "# aggregate pre_merge: 28 of 192 rows; every pair over policy, fault, api, response, "
+        "# aggregate pre_merge: 30 of 200 rows; every pair over policy, fault, api, response, "
         "plane: holds"
     )
     assert headers[1].startswith("# decode pre_merge: 14 of 96 rows; every pair over fault, api")
