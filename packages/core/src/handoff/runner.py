@@ -20,12 +20,20 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
-from handoff.policies import KNOWN_DEFECTS, Outcome, Policy, expected_outcome, policy
+from handoff.policies import (
+    KNOWN_DEFECTS,
+    SERVICE_UNAVAILABLE,
+    Outcome,
+    Policy,
+    expected_outcome,
+    policy,
+)
 from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
 from handoff.verdict import (
     Verdict,
     against_known_defect,
+    carries,
     count_problems,
     judge,
     late_count_problems,
@@ -68,6 +76,15 @@ REJOIN_BOUND_S = 15.0
 LEASE_BOUND_S = 30.0
 #: What the resumed worker is asked, one short request at a time, until it serves one.
 REJOIN_TOKENS = 4
+#: The frontend's NATS request timeout in the broker's cases, in whole seconds: a new request
+#: sent while the broker is down is refused once its attempts have timed out, after about 40 s
+#: at Dynamo 1.6.1's default of 10 s (docs/known-issues.md).
+NATS_TIMEOUT_ENV = "DYN_NATS_REQUEST_TIMEOUT_SECS"
+BROKER_REQUEST_TIMEOUT_S = 2
+#: How long that refusal may take: every attempt the migration limit allows, each a timeout,
+#: BROKER_REFUSAL_SLOWER_BY times slower, and BROKER_REFUSAL_FIXED_S.
+BROKER_REFUSAL_SLOWER_BY = 2.0
+BROKER_REFUSAL_FIXED_S = 5.0
 #: How long new requests may fail once the broker is back: the first succeeded 3.1-3.9 s after
 #: a restart (docs/known-issues.md); a request that waits on a NATS timeout takes 10 s.
 RECOVERY_BOUND_S = 30.0
@@ -124,7 +141,7 @@ def run_case(
         # A Ctrl-C that Python swallowed in a finalizer still stops the case at its next wait.
         with interruptible():
             roles = roles or backend.roles(case.topology)
-            env = stall_env(case, settings) if frontend_env is None else frontend_env
+            env = fault_env(case, settings) if frontend_env is None else frontend_env
             history.record("launch", roles=list(roles), frontend_env=env)
             pool = pools.pool_for(backend, case, roles) if pools else None
             deployment = Deployment(
@@ -175,12 +192,15 @@ def run_case(
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
 
 
-def stall_env(case: Case, settings: Settings) -> dict[str, str]:
-    """A stall or a partition is silence on the worker's response stream: the frontend's
-    inactivity timeout is what ends it."""
-    if case.fault not in SILENT:
-        return {}
-    return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
+def fault_env(case: Case, settings: Settings) -> dict[str, str]:
+    """What bounds the fault's wait at the frontend. A stall or a partition is silence on the
+    worker's response stream: the frontend's inactivity timeout ends it. A lost broker leaves a
+    new request waiting on NATS: the NATS request timeout ends it."""
+    if case.fault in SILENT:
+        return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
+    if case.fault in BROKER:
+        return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
+    return {}
 
 
 def teardown(deployment: Deployment | None, history: History) -> list[str]:
@@ -437,6 +457,7 @@ def exercise(
     if case.fault == PAST_LEASE:
         retire(holder, deadline)
     if case.fault in BROKER:
+        evidence += refusal_problems(deployment, request, history)
         evidence += recovery_problems(deployment, case.fault, request, history)
     verdict = judge(
         expected,
@@ -485,6 +506,39 @@ def last_token(inflight: InFlight) -> str:
         return f"no token yet ({response.summary()})"
     quiet = time.monotonic() - response.chunks[-1].at
     return f"its last token came {quiet:.1f} s ago ({response.summary()})"
+
+
+def refusal_problems(deployment: Deployment, request: Request, history: History) -> list[str]:
+    """While the broker is still down, a new request must be refused with the migration path's
+    503 once the attempts the migration limit allows have timed out: never served, never left
+    hanging. Sent after the case's counters were read, so its attempts (`new_request`) are not
+    the case's; the history has what they added."""
+    attempts = deployment.policy.migration_limit + 1
+    bound_s = (
+        BROKER_REFUSAL_SLOWER_BY * attempts * BROKER_REQUEST_TIMEOUT_S + BROKER_REFUSAL_FIXED_S
+    )
+    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
+    before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    probe = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    response, sent_at = Response(), time.monotonic()
+    client.send(deployment.base_url, probe, response, read_timeout_s=bound_s)
+    seconds = round(time.monotonic() - sent_at, 2)
+    after = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    added = {k: v - before.as_dict()[k] for k, v in after.as_dict().items()}
+    history.record("refused_while_down", seconds=seconds, status=response.status, counts=added)
+    problems = []
+    if not carries(response, SERVICE_UNAVAILABLE) or seconds > bound_s:
+        problems.append(
+            f"a new request sent while the broker was down must be refused with "
+            f"{SERVICE_UNAVAILABLE} within {bound_s:g} s ({attempts} attempt(s) of "
+            f"{BROKER_REQUEST_TIMEOUT_S} s); after {seconds:g} s: {response.summary()}"
+        )
+    if (added["failed"], added["succeeded"]) != (1, 0):
+        problems.append(
+            f"the request refused while the broker was down must count as one failed migration "
+            f"and no success; the counters added {added}"
+        )
+    return problems
 
 
 def recovery_problems(
