@@ -398,6 +398,23 @@ def test_nats_server_gone_mid_case_fails_the_case(tmp_path):
     assert_ports_free(result)
 
 
+def test_a_new_request_left_waiting_while_the_broker_is_down_fails_the_case(tmp_path):
+    """A frontend at the default NATS request timeout (10 s) keeps a new request waiting past
+    the refusal's bound for one 2 s attempt: the case fails by that check alone, and the
+    request is not yet counted."""
+    case = Case.from_id("migration_disabled-broker_loss-completion-unary-nats")
+    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=60, frontend_env={})
+    assert not result.verdict.passed
+    waiting, uncounted = result.verdict.reasons  # and nothing else of the case failed
+    assert waiting.startswith(
+        "a new request sent while the broker was down must be refused with 503 'Service "
+        "temporarily unavailable' within 9 s (1 attempt(s) of 2 s); after 9"
+    )
+    assert "Read timed out" in waiting
+    assert uncounted.startswith("the request refused while the broker was down must count as one")
+    assert_ports_free(result)
+
+
 class DeclaredDeterministic(MockerBackend):
     """Claims the same output for the same request, which the mocker's random tokens are not:
     the migrated text is compared with a real undisturbed baseline, and departs from it."""
