@@ -51,8 +51,10 @@ FAULTS = (
 KILLS = ("worker_failure", "graceful_shutdown")
 #: The stall that lasts until the frontend no longer lists the stopped worker.
 PAST_LEASE = "stall_past_lease"
+#: The faults that SIGSTOP the worker's tree.
+STALLS = ("worker_stall", PAST_LEASE)
 #: The faults that leave the worker alive but silent to the frontend, until they are healed.
-SILENT = ("worker_stall", "partition", PAST_LEASE)
+SILENT = (*STALLS, "partition")
 #: The faults of the NATS broker, not of a worker.
 BROKER = ("broker_stall", "broker_loss")
 #: What no topology allows, each with why.

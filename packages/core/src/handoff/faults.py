@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, PAST_LEASE
+from handoff.cases import BROKER, STALLS
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import firewall
@@ -162,7 +162,7 @@ def inject(
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
     finished_in_grace = False
-    if fault in ("worker_stall", PAST_LEASE):
+    if fault in STALLS:
         process.freeze(deadline.within(HOLDER_TIMEOUT_S))
         return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
     if fault == "partition":

@@ -14,7 +14,7 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, PAST_LEASE, SILENT, Case, topology
+from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -365,7 +365,7 @@ def exercise(
             resumed.append(holder.name)
             history.record("worker_resumed", worker=holder.name, packets_dropped=dropped)
 
-    if case.fault in ("worker_stall", PAST_LEASE):
+    if case.fault in STALLS:
         history.record("worker_stopped", signals=list(fault.signals))
     elif fault.cut is not None:
         history.record("worker_cut_off", table=fault.cut.table, rules=len(fault.cut.flows))
@@ -519,13 +519,13 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
     )
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
     before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-    probe = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
     response, sent_at = Response(), time.monotonic()
-    client.send(deployment.base_url, probe, response, read_timeout_s=bound_s)
+    client.send(deployment.base_url, short(request), response, read_timeout_s=bound_s)
     seconds = round(time.monotonic() - sent_at, 2)
-    after = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-    added = {k: v - before.as_dict()[k] for k, v in after.as_dict().items()}
-    history.record("refused_while_down", seconds=seconds, status=response.status, counts=added)
+    added = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
+    history.record(
+        "refused_while_down", seconds=seconds, status=response.status, counts=added.as_dict()
+    )
     problems = []
     if not carries(response, SERVICE_UNAVAILABLE) or seconds > bound_s:
         problems.append(
@@ -533,10 +533,10 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
             f"{SERVICE_UNAVAILABLE} within {bound_s:g} s ({attempts} attempt(s) of "
             f"{BROKER_REQUEST_TIMEOUT_S} s); after {seconds:g} s: {response.summary()}"
         )
-    if (added["failed"], added["succeeded"]) != (1, 0):
+    if (added.failed, added.succeeded) != (1, 0):
         problems.append(
             f"the request refused while the broker was down must count as one failed migration "
-            f"and no success; the counters added {added}"
+            f"and no success; the counters added {added.as_dict()}"
         )
     return problems
 
@@ -646,6 +646,12 @@ def retire(holder: Worker, deadline: Deadline) -> None:
         raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
 
 
+def short(request: Request) -> Request:
+    """The case's request as a probe of whether the deployment serves: unary, REJOIN_TOKENS
+    long."""
+    return replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+
+
 def short_requests_until(
     deployment: Deployment,
     request: Request,
@@ -657,7 +663,7 @@ def short_requests_until(
     """Send `request`, unary and REJOIN_TOKENS long, one at a time until `answered` (given
     each response) returns a result, within `bound_s`; every response sent. Timeout past it,
     naming the last response and what `answered` saw."""
-    probe_request = replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    probe_request = short(request)
     sent: list[Response] = []
 
     def probe() -> tuple[object | None, str]:
