@@ -92,6 +92,7 @@ class VllmBackend(DynamoGpuBackend):
             "startup_timeout_s": cpu.STARTUP_TIMEOUT_S,
             "max_tokens": cpu.OUTPUT_TOKENS,
             "spare_workers": cpu.SPARE_WORKERS,
+            "stream_timeout_s": cpu.STREAM_TIMEOUT_S,
         }
     }
     unsupported = {
@@ -123,10 +124,8 @@ class VllmBackend(DynamoGpuBackend):
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
-        """On the CPU device the aggregate stall and partition run too: their bounds are
-        measured there. A decode worker resumed or healed during the move makes the re-issued
-        request hang at the prefill worker in some runs (docs/known-issues.md): not a pass,
-        not a strict failure, so not run until it is understood."""
+        """On the CPU device the stall and the partition run too, with the CPU's stream
+        timeout (handoff_vllm.cpu.STREAM_TIMEOUT_S); the other lifecycles are the mocker's."""
         if not self.on_cpu:
             return DynamoGpuBackend.restrictions
         return (
@@ -135,13 +134,6 @@ class VllmBackend(DynamoGpuBackend):
                 (*KILLS, "worker_stall", "partition"),
                 "an expired drain, a stall past the discovery lease and the broker's faults are "
                 "qualified on the mocker",
-            ),
-            Restriction(
-                "fault",
-                KILLS,
-                "a vLLM decode worker resumed or healed during the move left the re-issued "
-                "request hanging at the prefill worker in some runs (docs/known-issues.md)",
-                ("decode",),
             ),
         )
 
