@@ -24,7 +24,7 @@ from test_gpu_backends import (
 )
 
 from handoff import cli, plugins, word_tokenizer
-from handoff.cases import KILLS, SILENT, Case, backend_restrictions, selection
+from handoff.cases import KILLS, SILENT, Case, selection
 from handoff.errors import HandoffError
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
@@ -106,7 +106,7 @@ def test_the_cpu_runs_the_stall_and_partition_where_the_gpu_runs_kills(tiny):
     assert faults["kv_transfer"] == set(KILLS)
     on_gpu = {c.fault for c in selection("aggregate", "pre_merge", VllmBackend())}
     assert on_gpu == set(KILLS)
-    (rule,) = backend_restrictions(on_cpu(), "decode")
+    (rule,) = on_cpu().restrictions
     assert "drain_expired" not in rule.allowed and "qualified on the mocker" in rule.why
     assert [len(selection(t, "pre_merge", on_cpu())) for t in faults] == [16, 8, 2]
 

@@ -99,15 +99,11 @@ SELECTIONS = ("pre_merge", "nightly", "full")
 @dataclass(frozen=True)
 class Restriction:
     """A topology allows only `allowed` values of `axis`, because `why`. A backend's
-    restriction holds in every topology, or only in those of `topologies`."""
+    restriction holds in every topology it runs."""
 
     axis: str
     allowed: tuple[str, ...]
     why: str
-    topologies: tuple[str, ...] | None = None
-
-    def applies_to(self, topology_name: str) -> bool:
-        return self.topologies is None or topology_name in self.topologies
 
 
 @dataclass(frozen=True)
@@ -387,14 +383,9 @@ class Runner(Protocol):
 def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tuple[str, ...]]:
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
-    for r in backend_restrictions(backend, topology_name) if backend else ():
+    for r in backend.restrictions if backend else ():
         values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
     return values
-
-
-def backend_restrictions(backend: Runner, topology_name: str) -> list[Restriction]:
-    """The backend's restrictions that hold in the topology."""
-    return [r for r in backend.restrictions if r.applies_to(topology_name)]
 
 
 def broken_constraint(row: dict[str, str]) -> Implies | None:
@@ -418,8 +409,7 @@ def model(values: dict[str, tuple[str, ...]], seeds: tuple[dict[str, str], ...] 
 
 def backend_restriction(backend: Runner, case: Case) -> Restriction | None:
     """The backend restriction that rules `case` out, if any."""
-    held = backend_restrictions(backend, case.topology)
-    return next((r for r in held if getattr(case, r.axis) not in r.allowed), None)
+    return next((r for r in backend.restrictions if getattr(case, r.axis) not in r.allowed), None)
 
 
 def selection(topology_name: str, name: str, backend: Runner | None = None) -> tuple[Case, ...]:

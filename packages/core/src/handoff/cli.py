@@ -21,7 +21,6 @@ from handoff.cases import (
     TOPOLOGIES,
     Case,
     allowed,
-    backend_restrictions,
     model,
     promise,
     selection,
@@ -191,7 +190,7 @@ def list_cases(
         if why := backend.why_not(name):
             print(f"# {name}: not run by {backend_name}: {why}")
             continue
-        for r in backend_restrictions(backend, name):
+        for r in backend.restrictions:
             print(f"# {name}: {backend_name} runs {r.axis} {', '.join(r.allowed)} only: {r.why}")
         chosen = selection(name, selection_name, backend)
         kept = promise(name, selection_name)
