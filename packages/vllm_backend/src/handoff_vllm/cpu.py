@@ -77,10 +77,9 @@ OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048}
 #: the length's streaming time here, so that only a slower machine cuts it.
 OUTPUT_SECONDS = {"aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0}
 #: The frontend's stream timeout in the stall and partition cases, in whole seconds. It also
-#: times the successor's first token, and a move's re-issued prefill on the CPU took up to 2 s
-#: (the original's takes 0.05 s), so the GPU's 3 s cut some moves short; it must also leave the
-#: stalled worker, resumed right after the move, well inside its discovery lease, which 8 s did
-#: not (docs/known-issues.md, benchmarks/RESULTS.md).
+#: times the successor's first token, and a move's re-issued prefill on the CPU can outlast the
+#: GPU's 3 s; it must also leave the stalled worker, resumed right after the move, well inside
+#: its discovery lease (figures: docs/known-issues.md, benchmarks/RESULTS.md).
 STREAM_TIMEOUT_S = 5
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
