@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -22,7 +23,7 @@ from handoff import pool as pool_module
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
-from handoff.machine import registrations
+from handoff.machine import registrations, wallclock
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, policy
 from handoff.polling import Deadline, Timeout, poll_until
@@ -287,6 +288,29 @@ def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
     after = run_case(backend, SECOND, tmp_path / "after", SETTINGS, 60, pools=pools)
     assert after.verdict.passed, after.verdict.reasons
     assert ready(after)["pool"] != name and ready(after)["cases_before"] == 0
+
+
+def test_a_wall_clock_step_is_named_and_its_pool_serves_no_later_case(pools, tmp_path, monkeypatch):
+    """The harness's reading of the wall clock is stepped (the machine's is left alone): the
+    case passes, its leases being intact, but says so, and its pool, whose leases a real step
+    may have ended, is gone before the next case."""
+    backend = MockerBackend()
+    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    assert first.verdict.passed, first.verdict.reasons
+    ahead = SimpleNamespace(time=lambda: time.time() + 24.1, monotonic=time.monotonic)
+    monkeypatch.setattr(wallclock, "time", ahead)
+
+    stepped = run_case(backend, SECOND, tmp_path / "stepped", SETTINGS, 60, pools=pools)
+    assert stepped.verdict.passed, stepped.verdict.reasons
+    assert stepped.verdict.notes[-1].startswith("the machine's wall clock stepped +24.1 s")
+    names = [e.name for e in stepped.history.events]
+    assert names.index("wall_clock_stepped") < names.index("pool_discarded")
+    assert ready(stepped)["pool"] == ready(first)["pool"]
+
+    after = run_case(backend, FIRST, tmp_path / "after", SETTINGS, 60, pools=pools)
+    assert after.verdict.passed, after.verdict.reasons
+    assert ready(after)["pool"] != ready(first)["pool"] and ready(after)["cases_before"] == 0
+    assert "wall_clock_stepped" not in [e.name for e in after.history.events]
 
 
 @pytest.mark.parametrize(

@@ -151,7 +151,24 @@ class Deployment:
         except (requests.RequestException, ValueError) as exc:
             return f"the frontend does not answer /health ({type(exc).__name__})"
         counts = {"/".join(k): len(ids) for k, ids in sorted(listed.items())}
-        return f"the frontend lists instances {counts} and models {names}"
+        gone = self.unlisted_in(listed)
+        dropped = f"; it lists none of {', '.join(gone)}" if gone else ""
+        return f"the frontend lists instances {counts} and models {names}{dropped}"
+
+    def unlisted(self) -> list[str] | None:
+        """The case's workers the frontend lists no instance of now; None where it does not
+        answer (unknown, not unlisted)."""
+        try:
+            listed, _ = self.listing()
+        except (requests.RequestException, ValueError):
+            return None
+        return self.unlisted_in(listed)
+
+    def unlisted_in(self, listed: dict[tuple[str, str], set[int]]) -> list[str]:
+        """The case's workers with known instance ids of which `listed` holds none."""
+        seen = set().union(*listed.values())
+        known = [(w.name, self.pool.instance_ids.get(w.name)) for w in self.workers]
+        return [name for name, ids in known if ids and not ids & seen]
 
     def _wait_ready(self, deadline: Deadline) -> None:
         expected = self.expected_instances()

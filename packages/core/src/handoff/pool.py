@@ -45,6 +45,7 @@ from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import registrations, services
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.processes import ManagedProcess
+from handoff.machine.wallclock import WallClock
 from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.sharing import vram_ledger
 
@@ -126,6 +127,8 @@ class Pool:
         self._serial = count()
         #: The GPU reservation the workers run under, if the case that started them had one.
         self.gpu: vram_ledger.Hold | None = None
+        #: Whether the wall clock, which the workers' discovery leases run on, held.
+        self.clock = WallClock()
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
+from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     KNOWN_DEFECTS,
     SERVICE_UNAVAILABLE,
@@ -180,9 +181,15 @@ def run_case(
             history.write(folder / "history.json")
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
-    if pools and pool and not verdict.passed and not verdict.upstream_defect:
+    owner = deployment.pool if deployment else pool
+    step = owner.clock.stepped() if owner else None
+    if step is not None:
+        verdict = clock_stepped(verdict, step, history)
+    spoilt = step is not None or not (verdict.passed or verdict.upstream_defect)
+    if pools and pool and spoilt:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
-        # A known upstream defect is not theirs: its pool goes on, as after a pass.
+        # A known upstream defect is not theirs: its pool goes on, as after a pass. A pool
+        # whose wall clock stepped may have lost its leases: it goes too.
         discarded = pools.discard(pool, keep_in=folder)
         history.record("pool_discarded", pool=pool.name, problems=discarded)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
@@ -190,6 +197,16 @@ def run_case(
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def clock_stepped(verdict: Verdict, step_s: float, history: History) -> Verdict:
+    """A case whose deployment saw the wall clock step: a pass keeps the step as a note (its
+    evidence held); a failure, a known upstream defect's too, leads with it and stays failed."""
+    history.record("wall_clock_stepped", seconds=step_s)
+    if verdict.passed:
+        verdict.notes.append(step_reason(step_s))
+        return verdict
+    return Verdict(False, [step_reason(step_s), *verdict.reasons], verdict.phase, verdict.notes)
 
 
 def fault_env(case: Case, settings: Settings) -> dict[str, str]:
@@ -602,12 +619,23 @@ def rejoin_problems(
             f"{holder.name} to serve a request again",
         )  # fmt: skip
     except Timeout as exc:
-        return [
-            f"{holder.name}, healed after its fault, was never routed to again: {exc}; "
-            f"{deployment.view()}"
-        ]
+        return [unrejoined(deployment, holder, exc)]
     history.record("worker_rejoined", worker=holder.name, requests=len(sent))
     return []
+
+
+def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
+    """Why the healed holder was not served by: where the frontend also dropped workers that
+    were never faulted, the deployment lost leases beyond the fault, and that is said first."""
+    bystanders = [name for name in deployment.unlisted() or [] if name != holder.name]
+    failed = f"{holder.name}, healed after its fault, was never routed to again: {exc}"
+    if not bystanders:
+        return f"{failed}; {deployment.view()}"
+    return (
+        f"the frontend dropped {', '.join(bystanders)}, never faulted: the deployment lost "
+        f"discovery leases beyond the fault (a wall-clock step, or keep-alives starved), so "
+        f"{holder.name}'s own rejoin is not what this judged; {failed}; {deployment.view()}"
+    )
 
 
 def await_unlisted(

@@ -1,0 +1,61 @@
+"""What a failed rejoin says, on listings this test gives: the healed holder alone, or first
+the never-faulted workers the frontend dropped too (leases lost beyond the fault)."""
+
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from handoff.deployment import Deployment
+from handoff.polling import Timeout
+from handoff.runner import unrejoined
+
+HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"
+TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to serve a request again")
+
+
+def deployment(listed: set[int] | None) -> Deployment:
+    """A deployment of three workers, one not yet registered, whose frontend lists `listed`
+    (None: it does not answer)."""
+    shown = object.__new__(Deployment)
+    shown.workers = [SimpleNamespace(name=n) for n in (BYSTANDER, HOLDER, UNREGISTERED)]
+    shown.pool = SimpleNamespace(instance_ids={BYSTANDER: {10}, HOLDER: {11}})
+
+    def listing():
+        if listed is None:
+            raise requests.ConnectionError("refused")
+        return {("backend", "generate"): listed}, ["handoff-mocker"]
+
+    shown.listing = listing
+    return shown
+
+
+def holder() -> SimpleNamespace:
+    return SimpleNamespace(name=HOLDER)
+
+
+def test_a_holder_never_served_while_every_worker_is_listed_is_the_holders_failure():
+    said = unrejoined(deployment({10, 11}), holder(), TIMEOUT)
+    assert said.startswith(f"{HOLDER}, healed after its fault, was never routed to again: timed")
+    assert said.endswith("the frontend lists instances {'backend/generate': 2} and models "
+                         "['handoff-mocker']")  # fmt: skip
+
+
+def test_a_dropped_bystander_is_named_first_as_leases_lost_beyond_the_fault():
+    said = unrejoined(deployment({11}), holder(), TIMEOUT)
+    assert said.startswith(f"the frontend dropped {BYSTANDER}, never faulted: the deployment lost")
+    assert f"{HOLDER}'s own rejoin is not what this judged; {HOLDER}, healed after" in said
+    assert said.endswith(f"; it lists none of {BYSTANDER}")
+
+
+@pytest.mark.parametrize(
+    ("listed", "view"),
+    [
+        ({10}, f"; it lists none of {HOLDER}"),
+        (None, "the frontend does not answer /health (ConnectionError)"),
+    ],
+)
+def test_the_holder_dropped_alone_or_a_silent_frontend_blames_no_bystander(listed, view):
+    said = unrejoined(deployment(listed), holder(), TIMEOUT)
+    assert said.startswith(f"{HOLDER}, healed after its fault") and said.endswith(view)
+    assert UNREGISTERED not in said  # no known instance: never called unlisted
