@@ -291,25 +291,24 @@ def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
 
 
 def test_a_wall_clock_step_is_named_and_its_pool_serves_no_later_case(pools, tmp_path, monkeypatch):
-    """The harness's reading of the wall clock is stepped (the machine's is left alone): the
-    case passes, its leases being intact, but says so, and its pool, whose leases a real step
-    may have ended, is gone before the next case."""
+    """The harness's reading of the wall clock steps once the pool exists (the machine's clock
+    is left alone): the case passes, its leases being intact, but says so, and its pool, whose
+    leases a real step may have ended, is gone before the next case."""
     backend = MockerBackend()
-    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
-    assert first.verdict.passed, first.verdict.reasons
+    watched = pools.pool_for(backend, FIRST, backend.roles(FIRST.topology))
     ahead = SimpleNamespace(time=lambda: time.time() + 24.1, monotonic=time.monotonic)
     monkeypatch.setattr(wallclock, "time", ahead)
 
-    stepped = run_case(backend, SECOND, tmp_path / "stepped", SETTINGS, 60, pools=pools)
+    stepped = run_case(backend, FIRST, tmp_path / "stepped", SETTINGS, 60, pools=pools)
     assert stepped.verdict.passed, stepped.verdict.reasons
     assert stepped.verdict.notes[-1].startswith("the machine's wall clock stepped +24.1 s")
     names = [e.name for e in stepped.history.events]
     assert names.index("wall_clock_stepped") < names.index("pool_discarded")
-    assert ready(stepped)["pool"] == ready(first)["pool"]
+    assert ready(stepped)["pool"] == watched.name
 
-    after = run_case(backend, FIRST, tmp_path / "after", SETTINGS, 60, pools=pools)
+    after = run_case(backend, SECOND, tmp_path / "after", SETTINGS, 60, pools=pools)
     assert after.verdict.passed, after.verdict.reasons
-    assert ready(after)["pool"] != ready(first)["pool"] and ready(after)["cases_before"] == 0
+    assert ready(after)["pool"] != watched.name and ready(after)["cases_before"] == 0
     assert "wall_clock_stepped" not in [e.name for e in after.history.events]
 
 
