@@ -1,14 +1,18 @@
 """What a failed rejoin says, on listings this test gives: the healed holder alone, or first
-the never-faulted workers the frontend dropped too (leases lost beyond the fault)."""
+the never-faulted workers the frontend dropped too (leases lost beyond the fault); and the
+proof that a stall outlived the holder's lease, which an unknown instance id never gives."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
 import requests
 
 from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.history import History
 from handoff.polling import Timeout
-from handoff.runner import unrejoined
+from handoff.runner import await_unlisted, unrejoined
 
 HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"
 TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to serve a request again")
@@ -20,8 +24,10 @@ def deployment(listed: set[int] | None) -> Deployment:
     shown = object.__new__(Deployment)
     shown.workers = [SimpleNamespace(name=n) for n in (BYSTANDER, HOLDER, UNREGISTERED)]
     shown.pool = SimpleNamespace(instance_ids={BYSTANDER: {10}, HOLDER: {11}})
+    shown.readings = 0
 
     def listing():
+        shown.readings += 1
         if listed is None:
             raise requests.ConnectionError("refused")
         return {("backend", "generate"): listed}, ["handoff-mocker"]
@@ -42,7 +48,9 @@ def test_a_holder_never_served_while_every_worker_is_listed_is_the_holders_failu
 
 
 def test_a_dropped_bystander_is_named_first_as_leases_lost_beyond_the_fault():
-    said = unrejoined(deployment({11}), holder(), TIMEOUT)
+    shown = deployment({11})
+    said = unrejoined(shown, holder(), TIMEOUT)
+    assert shown.readings == 1  # what is named and what is shown: one reading, never two
     assert said.startswith(f"the frontend dropped {BYSTANDER}, never faulted: the deployment lost")
     assert f"{HOLDER}'s own rejoin is not what this judged; {HOLDER}, healed after" in said
     assert said.endswith(f"; it lists none of {BYSTANDER}")
@@ -59,3 +67,17 @@ def test_the_holder_dropped_alone_or_a_silent_frontend_blames_no_bystander(liste
     said = unrejoined(deployment(listed), holder(), TIMEOUT)
     assert said.startswith(f"{HOLDER}, healed after its fault") and said.endswith(view)
     assert UNREGISTERED not in said  # no known instance: never called unlisted
+
+
+def test_a_holder_without_a_known_instance_id_never_counts_as_having_left_discovery():
+    shown = deployment(set())  # the frontend lists nothing at all
+    shown.pool.instance_ids.pop(HOLDER)
+    stranger = SimpleNamespace(name=UNREGISTERED)
+    with pytest.raises(CaseFailure, match=f"no instance id of {UNREGISTERED} is known"):
+        await_unlisted(shown, stranger, time.monotonic(), History())
+
+
+def test_a_holder_the_frontend_no_longer_lists_has_left_discovery():
+    history = History()
+    await_unlisted(deployment({10}), holder(), time.monotonic(), history)
+    assert [e.name for e in history.events] == ["worker_unlisted"]

@@ -36,6 +36,11 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 __all__ = ["Deployment", "StartupFailure"]
 
 
+def silent(exc: Exception) -> str:
+    """A listing that could not be read: unknown, never an empty one."""
+    return f"the frontend does not answer /health ({type(exc).__name__})"
+
+
 class Deployment:
     """A frontend of its own on `pool`'s workers; without a pool, one of its own in `folder`
     (a fresh deployment), stopped with the frontend. `stop()` leaves nothing behind."""
@@ -147,22 +152,17 @@ class Deployment:
         """The frontend's listing now, in words: what a failed wait on new requests is judged
         beside (a worker it no longer lists, a model it lost)."""
         try:
-            listed, names = self.listing()
+            return self.describe(self.listing())
         except (requests.RequestException, ValueError) as exc:
-            return f"the frontend does not answer /health ({type(exc).__name__})"
+            return silent(exc)
+
+    def describe(self, listing: tuple[dict[tuple[str, str], set[int]], list[str]]) -> str:
+        """One reading of `listing()` in words, naming the case's workers it lists none of."""
+        listed, names = listing
         counts = {"/".join(k): len(ids) for k, ids in sorted(listed.items())}
         gone = self.unlisted_in(listed)
         dropped = f"; it lists none of {', '.join(gone)}" if gone else ""
         return f"the frontend lists instances {counts} and models {names}{dropped}"
-
-    def unlisted(self) -> list[str] | None:
-        """The case's workers the frontend lists no instance of now; None where it does not
-        answer (unknown, not unlisted)."""
-        try:
-            listed, _ = self.listing()
-        except (requests.RequestException, ValueError):
-            return None
-        return self.unlisted_in(listed)
 
     def unlisted_in(self, listed: dict[tuple[str, str], set[int]]) -> list[str]:
         """The case's workers with known instance ids of which `listed` holds none."""

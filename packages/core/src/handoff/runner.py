@@ -16,7 +16,7 @@ from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request, Response
-from handoff.deployment import Deployment
+from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
@@ -626,15 +626,21 @@ def rejoin_problems(
 
 def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
     """Why the healed holder was not served by: where the frontend also dropped workers that
-    were never faulted, the deployment lost leases beyond the fault, and that is said first."""
-    bystanders = [name for name in deployment.unlisted() or [] if name != holder.name]
+    were never faulted, the deployment lost leases beyond the fault, and that is said first.
+    One reading of the listing backs both."""
     failed = f"{holder.name}, healed after its fault, was never routed to again: {exc}"
+    try:
+        listing = deployment.listing()
+    except (requests.RequestException, ValueError) as error:
+        return f"{failed}; {silent(error)}"
+    view = deployment.describe(listing)
+    bystanders = [name for name in deployment.unlisted_in(listing[0]) if name != holder.name]
     if not bystanders:
-        return f"{failed}; {deployment.view()}"
+        return f"{failed}; {view}"
     return (
         f"the frontend dropped {', '.join(bystanders)}, never faulted: the deployment lost "
         f"discovery leases beyond the fault (a wall-clock step, or keep-alives starved), so "
-        f"{holder.name}'s own rejoin is not what this judged; {failed}; {deployment.view()}"
+        f"{holder.name}'s own rejoin is not what this judged; {failed}; {view}"
     )
 
 
@@ -642,16 +648,20 @@ def await_unlisted(
     deployment: Deployment, holder: Worker, stopped_at: float, history: History
 ) -> None:
     """The proof that a stall outlived the holder's discovery lease: the frontend no longer
-    lists any instance of it, within LEASE_BOUND_S of the stop."""
-    ids = deployment.pool.instance_ids.get(holder.name, set())
+    lists any instance of it, within LEASE_BOUND_S of the stop. Without the holder's instance
+    ids there is no proof: unknown, never unlisted."""
+    if not deployment.pool.instance_ids.get(holder.name):
+        raise CaseFailure(
+            f"no instance id of {holder.name} is known: its leaving discovery cannot be proven"
+        )
 
     def probe() -> tuple[bool | None, str]:
         try:
             listed, _ = deployment.listing()
         except (requests.RequestException, ValueError) as exc:
-            return None, f"the frontend does not answer /health ({type(exc).__name__})"
-        still = ids & set().union(*listed.values())
-        return (None if still else True), f"{holder.name}'s instances {sorted(still)} listed"
+            return None, silent(exc)
+        gone = holder.name in deployment.unlisted_in(listed)
+        return (True if gone else None), f"{holder.name} listed"
 
     left_s = LEASE_BOUND_S - (time.monotonic() - stopped_at)
     try:
