@@ -76,6 +76,12 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_exceeded-worker_failure-completion-unary-tcp",
         "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
     ],
+    "load": [
+        "migration_enabled-worker_failure-chat-nats",
+        "migration_disabled-worker_failure-completion-tcp",
+        "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
+        "max_seq_len_not_exceeded-graceful_shutdown-completion-nats",
+    ],
 }
 
 

@@ -18,7 +18,13 @@ from handoff import cli, plugins
 from handoff.backend import Model
 from handoff.cases import TOPOLOGIES, Case, selection
 from handoff.errors import HandoffError
-from handoff.gpu_backend import CONTEXT_TOKENS, DEFAULT_MODEL, SENTENCE, DynamoGpuBackend
+from handoff.gpu_backend import (
+    CONTEXT_TOKENS,
+    DEFAULT_MODEL,
+    LOAD_NOT_BUILT,
+    SENTENCE,
+    DynamoGpuBackend,
+)
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
 from handoff.policies import POLICIES
@@ -399,7 +405,8 @@ def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, 
     assert cli.main(["cases", "--backend", name, "--selection", "pre_merge"]) == 0
     ids, skipped = listed(capsys.readouterr().out)
     assert {t: len(i) for t, i in ids.items()} == {"aggregate": 8, "decode": 4, "kv_transfer": 2}
-    assert set(skipped) == {"prefill"} and "prefill" in skipped["prefill"]
+    assert set(skipped) == {"prefill", "load"} and "prefill" in skipped["prefill"]
+    assert skipped["load"] == LOAD_NOT_BUILT
     backend = BACKENDS[name]()
     # No GPU engine runs the hangs yet (DynamoGpuBackend.restrictions); TRT-LLM no drain.
     hangs = (

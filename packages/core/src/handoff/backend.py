@@ -242,6 +242,12 @@ class Backend(ABC):
         a tokenizer; None where it cannot (continuity then checks usage only)."""
         return None
 
+    def decoding_at_once(self, case: Case) -> int | None:
+        """How many requests one worker of `case` decodes at once, where the engine is told
+        (vLLM's and the mocker's `--max-num-seqs`): of the requests a worker holds, those it
+        received later wait queued. None: no limit below a load case's requests."""
+        return None
+
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         """The least time the KV transfer of `case`'s prompt takes, or None if unknown: a first
         token sooner than this proves no transfer happened (kv_transfer cases)."""

@@ -142,6 +142,9 @@ class Topology:
     pre_merge_promise: Promise
     #: The verdict must also prove that the request's KV prefix was transferred.
     proves_kv_transfer: bool = False
+    #: Many requests at once (the backend's `load_requests`), the fault on the worker that
+    #: holds the most of them (handoff.load).
+    load: bool = False
 
     @property
     def id_axes(self) -> tuple[str, ...]:
@@ -160,6 +163,10 @@ class Topology:
             (r for r in self.restrictions if r.axis == axis and value not in r.allowed), None
         )
 
+
+#: What a pre-merge selection of a few rows promises where the rows cannot cover every policy
+#: in pairs: every pair over fault, api and plane, and every policy once.
+FEW_ROWS_PROMISE = Promise(pairs_over=("fault", "api", "plane"), each_value_of=("policy",))
 
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
@@ -245,9 +252,7 @@ TOPOLOGIES: dict[str, Topology] = {
                 "migration_enabled-broker_loss-completion-stream-nats",
             ),
             # Four rows cannot cover 4 policies x 2 values in pairs; the aggregate rows do.
-            pre_merge_promise=Promise(
-                pairs_over=("fault", "api", "plane"), each_value_of=("policy",)
-            ),
+            pre_merge_promise=FEW_ROWS_PROMISE,
         ),
         Topology(
             name="kv_transfer",
@@ -297,6 +302,34 @@ TOPOLOGIES: dict[str, Topology] = {
             pre_merge_promise=Promise(
                 pairs_over=("fault", "api", "plane"), each_value_of=("policy", "response")
             ),
+        ),
+        Topology(
+            name="load",
+            target_role="aggregate",
+            fault_window="decoding",
+            restrictions=(
+                Restriction(
+                    "response",
+                    ("stream",),
+                    "a load case sends streams and unary requests together, one of each in "
+                    "turn: the id leaves the response out",
+                ),
+                Restriction(
+                    "fault",
+                    KILLS,
+                    "the stall, partition, broker and expired-drain lifecycles are qualified "
+                    "one request at a time; under load they are not built yet",
+                ),
+            ),
+            omitted_from_id=("response",),
+            pre_merge_ids=(
+                "migration_enabled-worker_failure-chat-nats",
+                "migration_disabled-worker_failure-completion-tcp",
+                "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
+                "max_seq_len_not_exceeded-graceful_shutdown-completion-nats",
+            ),
+            pre_merge_promise=FEW_ROWS_PROMISE,
+            load=True,
         ),
     )
 }

@@ -14,6 +14,9 @@ import sseclient
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CONNECT_TIMEOUT_S = 5.0
+#: The header whose value Dynamo 1.6.1 takes as the request's id: the response's id
+#: (`chatcmpl-<id>`) and each worker's `request received request_id=<id>` log line carry it.
+REQUEST_ID_HEADER = "x-dynamo-request-id"
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,9 @@ class Request:
     model: str
     prompt: str
     max_tokens: int
+    #: Sent as REQUEST_ID_HEADER where set: a worker's log then names the request before the
+    #: client has read a byte of it.
+    request_id: str | None = None
 
     @property
     def path(self) -> str:
@@ -132,6 +138,7 @@ def send(base_url: str, request: Request, response: Response, read_timeout_s: fl
         with requests.post(
             base_url + request.path,
             json=request.body(),
+            headers={REQUEST_ID_HEADER: request.request_id} if request.request_id else None,
             stream=request.stream,
             timeout=(CONNECT_TIMEOUT_S, read_timeout_s),
         ) as http:

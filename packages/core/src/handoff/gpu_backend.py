@@ -60,6 +60,12 @@ PREFILL_TOO_SHORT = (
     "a fault cannot be timed inside a GPU prefill of a ~1k-token prompt, which takes milliseconds"
 )
 
+#: Why a GPU engine does not run the load topology yet.
+LOAD_NOT_BUILT = (
+    "load cases (many requests at once, some queued) run on the mocker so far: this engine's "
+    "batch limit and its queued requests are not wired in yet"
+)
+
 #: One token each for Qwen3 (the first word has no leading space; the others do).
 SENTENCE = ("This", " is", " a", " test", " of", " the", " system", " and", " it", " is",
             " only", " a", " test", ".")  # fmt: skip

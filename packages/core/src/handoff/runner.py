@@ -24,24 +24,32 @@ from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     KNOWN_DEFECTS,
     SERVICE_UNAVAILABLE,
-    Outcome,
     Policy,
     expected_outcome,
     policy,
 )
 from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
+from handoff.responses import load
+from handoff.responses.waits import (
+    CLIENT_GRACE_S,
+    RESPONSE_FIXED_S,
+    RESPONSE_SLOWER_BY,
+    Settings,
+    fault_wait,
+    last_token,
+    late_counts,
+    record_response,
+    settled_counts,
+)
 from handoff.verdict import (
     Verdict,
     against_known_defect,
     carries,
-    count_problems,
     judge,
-    late_count_problems,
     transfer_problems,
 )
 
-METRICS_SETTLE_S = 3.0
 #: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
 #: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
 #: bound only costs time when the counter never rises.
@@ -50,25 +58,9 @@ TRANSFER_COUNT_WAIT_S = 5.0
 FRONTEND_CHECK_S = 1.0
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
 EXIT_WAIT_S = 1.0
-#: How far past the case's deadline the client keeps reading: the deadline, not the client's own
-#: read timeout, must end a case whose response hangs. With the two equal, a loaded machine let
-#: the client give up first, and a hang before the fault read as "the response ended before 5
-#: streamed content chunks" (a transport error, `Read timed out`).
-CLIENT_GRACE_S = 5.0
 #: The frontend's inactivity timeout on a worker's response stream, in whole seconds. Unset,
 #: Dynamo 1.6.1 keeps a stalled worker's stream open for as long as the stall lasts.
 STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
-#: When a faulted response must have ended, counted from the fault: the wait the fault allows
-#: (`fault_wait`), then what the response has left RESPONSE_SLOWER_BY times slower than
-#: expected, and RESPONSE_FIXED_S for the migration itself. What it has left: after tokens, the
-#: rest of them at the rate measured up to the in-flight proof (which counts the first token's
-#: wait too); before the first token, the whole response at the backend's own speed, where it
-#: knows it (`Backend.nominal_response_s`). Still open then, the case fails as hung.
-RESPONSE_SLOWER_BY = 4.0
-RESPONSE_FIXED_S = 5.0
-#: Dynamo 1.6.1's request timeouts: a request sent to a worker that is gone fails over after
-#: the TCP request timeout (about 5 s) or the NATS one (10 s) (docs/known-issues.md).
-REQUEST_PLANE_TIMEOUT_S = {"tcp": 5.0, "nats": 10.0}
 #: How long a resumed worker may take to serve a request again: the frontend avoids a worker
 #: that failed for about 5 s (docs/known-issues.md).
 REJOIN_BOUND_S = 15.0
@@ -92,18 +84,6 @@ RECOVERY_BOUND_S = 30.0
 #: The longest a probe of the recovery waits for its answer: a request published while the
 #: frontend's NATS client reconnects fails over only after four 10 s attempts.
 PROBE_READ_S = 12.0
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Knobs of a case run. The backend sizes each request to outlast the default graceful
-    bound; a request that ends before its fault fails its case rather than passing."""
-
-    in_flight_tokens: int = 5
-    graceful_bound_s: float = 2.0
-    stream_timeout_s: int = 3
-    startup_timeout_s: float = 60.0
-    keep_logs: bool = False
 
 
 @dataclass
@@ -158,7 +138,8 @@ def run_case(
                 pids={p.name: p.pid for p in deployment.processes},
                 ports=deployment.ports,
             )
-            verdict = exercise(deployment, case, settings, deadline, history, variant=draws_before)
+            exercised = load.exercise_load if topology(case.topology).load else exercise
+            verdict = exercised(deployment, case, settings, deadline, history, draws_before)
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
         # reason; the next case still runs.
@@ -490,41 +471,6 @@ def exercise(
     return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
 
 
-def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
-    """How long the frontend may rightly wait after the fault before the request has moved,
-    and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
-    of a stall or a partition, the HTTP layer's, as the router gives up at once; the worker's
-    drain timeout of an expired drain; nothing for a kill), then one request-plane timeout: the
-    re-issued request may first reach a worker that is gone but still listed."""
-    plane_s = REQUEST_PLANE_TIMEOUT_S[plane]
-    plane_why = f"a {plane_s:g} s {plane} request timeout and "
-    if fault == "graceful_shutdown":
-        wait, why = (
-            settings.graceful_bound_s,
-            f"its {settings.graceful_bound_s:g} s graceful bound, ",
-        )
-    elif fault == "drain_expired":
-        wait, why = (
-            faults.DRAIN_TIMEOUT_S,
-            f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout, ",
-        )
-    elif fault in SILENT:
-        wait = 2 * settings.stream_timeout_s
-        why = f"twice its {settings.stream_timeout_s} s stream timeout, "
-    else:
-        wait, why = 0.0, ""
-    return wait + plane_s, why + plane_why
-
-
-def last_token(inflight: InFlight) -> str:
-    """How long the client has waited since its last token, and what it has."""
-    response = inflight.response
-    if not response.chunks:
-        return f"no token yet ({response.summary()})"
-    quiet = time.monotonic() - response.chunks[-1].at
-    return f"its last token came {quiet:.1f} s ago ({response.summary()})"
-
-
 def refusal_problems(deployment: Deployment, request: Request, history: History) -> list[str]:
     """While the broker is still down, a new request must be refused with the migration path's
     503 once the attempts the migration limit allows have timed out: never served, never left
@@ -738,22 +684,6 @@ def migration_evidence(
     return continuity.Migration(int(prompt), fault_at, taken)
 
 
-def late_counts(
-    metrics_url: str,
-    model: str,
-    before: metrics.MigrationCounts,
-    judged: metrics.MigrationCounts,
-    expected: Outcome,
-    mode: str,
-    history: History,
-) -> list[str]:
-    """The counters once more, the last thing before teardown: any that moved since the
-    reading the verdict uses fail the case (verdict.late_count_problems)."""
-    final = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
-    history.record("metrics_reread", counts=final.as_dict())
-    return late_count_problems(expected, judged, final, mode)
-
-
 def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
     """The text of the same request with no fault: what a deterministic engine must give
     again after the migration."""
@@ -806,20 +736,6 @@ def await_response(
         return (True if inflight.finished else None), inflight.response.summary()
 
     poll_until(probe, deadline, "the response to finish")
-
-
-def record_response(inflight: InFlight, history: History) -> None:
-    """What the client saw, at the times it saw it: headers, each chunk with its content, and
-    how the response ended."""
-    response = inflight.response
-    if response.headers_at is not None:
-        history.record_at("response_headers", response.headers_at, status=response.status)
-    for n, chunk in enumerate(response.chunks, 1):
-        finish = chunk.choice.get("finish_reason")
-        extra = {"finish_reason": finish} if finish else {}
-        history.record_at("chunk", chunk.at, n=n, text=chunk.text, **extra)
-    failed = response.error is not None or response.exception is not None
-    history.record("response_finished", failed=failed, response=response.summary())
 
 
 def record_start_up(deployment: Deployment, history: History) -> None:
@@ -881,29 +797,3 @@ def transfer_evidence(
         return [f"no KV transfer counted before the fault: {exc}"]
     history.record("kv_transfer_checked", counter=counter, transfers=total - before)
     return []
-
-
-def settled_counts(
-    metrics_url: str,
-    model: str,
-    before: metrics.MigrationCounts,
-    expected: Outcome,
-    mode: str,
-    deadline: Deadline,
-) -> metrics.MigrationCounts:
-    """What the frontend's counters rose by since `before` (the case's own request), once that
-    agrees with the expectation, or as last seen at the bound. Counters are updated
-    asynchronously to the response, so a reading taken the instant the client finished may lag;
-    a wrong count still fails, with the value seen at the bound."""
-    last: list[metrics.MigrationCounts] = []
-
-    def probe() -> tuple[metrics.MigrationCounts | None, str]:
-        scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-        last[:] = [scraped.since(before)]
-        agree = not count_problems(expected, last[0], mode)
-        return (last[0] if agree else None), str(last[0])
-
-    try:
-        return poll_until(probe, deadline.within(METRICS_SETTLE_S), "migration counters")
-    except Timeout:
-        return last[0]

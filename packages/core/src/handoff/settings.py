@@ -53,6 +53,10 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         "workers of the faulted role each pool keeps ready, unseen by frontends, so that the "
         "next case need not wait for a replacement (none beyond the cases the run brings)",
     ),
+    "load_requests": (
+        int,
+        "requests a load case sends at once, spread over its workers by the frontend's router",
+    ),
     "durations_file": (
         str,
         "pytest-split's durations file for --splits N --group G (default: "
@@ -68,6 +72,7 @@ RANGES = {
     "case_timeout_s": ABOVE_ZERO,
     "startup_timeout_s": ABOVE_ZERO,
     "spare_workers": ZERO_OR_MORE,
+    "load_requests": ABOVE_ZERO,
 }
 BUILT_IN = {
     "graceful_bound_s": 2.0,

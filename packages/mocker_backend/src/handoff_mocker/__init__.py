@@ -31,6 +31,9 @@ KV_BYTES_PER_TOKEN = 512
 GB = 1e9
 
 KV_CONTEXT = 1024
+#: What a load case's worker decodes at once (`--max-num-seqs`): of the 3 requests the router
+#: gives the busiest of 3 workers, the last one it received waits queued.
+LOAD_DECODING = 2
 #: A decode step at speedup ratio 1 (the module's docstring).
 STEP_S = 0.0058
 
@@ -77,6 +80,8 @@ TIMINGS = {
     ("decode", "broker_loss"): Timing(32, 200),
     ("aggregate", "drain_expired"): Timing(32, 900),
     ("decode", "drain_expired"): Timing(32, 900),
+    ("load", "worker_failure"): Timing(32, 900),
+    ("load", "graceful_shutdown"): Timing(32, 900),
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
@@ -96,10 +101,15 @@ class MockerBackend(Backend):
         "decode": ("prefill", "decode", "decode"),
         "kv_transfer": ("prefill", "decode", "decode"),
         "prefill": ("prefill", "prefill", "decode"),
+        "load": ("aggregate", "aggregate", "aggregate"),
     }
     worker_ports = ("system",)
     migration_counts = "exact"
-    defaults: ClassVar[dict[str, object]] = {**Backend.defaults, "case_timeout_s": 90.0}
+    defaults: ClassVar[dict[str, object]] = {
+        **Backend.defaults,
+        "case_timeout_s": 90.0,
+        "load_requests": 8,
+    }
     #: The mocker serves its own tokenizer-only model and needs no image or model cache.
     #: Measured: the 18 pre-merge cases take 20.1 CPU-s in 49.5 s at -n 1 (0.41 CPUs a case;
     #: benchmarks/RESULTS.md); a case mostly waits on its request and its fault.
@@ -110,7 +120,7 @@ class MockerBackend(Backend):
     one_token_per_frame = True
     uses_settings = (
         "max_tokens", "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
-        "fresh_deployments", "spare_workers", "durations_file",
+        "fresh_deployments", "spare_workers", "durations_file", "load_requests",
     )  # fmt: skip
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
@@ -134,9 +144,12 @@ class MockerBackend(Backend):
         return Shape(prompt(timing.prompt_tokens, variant), timing.prompt_tokens, output)
 
     def worker_variant(self, case: Case) -> tuple:
-        """The speed of the mocker's decode and transfer, set per fault by its timing."""
+        """The speed of the mocker's decode and transfer, set per fault by its timing, and the
+        requests it decodes at once where that is limited."""
         timing = timing_of(case)
-        return (timing.decode_speedup, timing.transfer_gbps)
+        speeds = (timing.decode_speedup, timing.transfer_gbps)
+        decoding = self.decoding_at_once(case)
+        return speeds if decoding is None else (*speeds, f"seqs{decoding}")
 
     def worker(
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
@@ -157,6 +170,8 @@ class MockerBackend(Backend):
             argv += ["--max-model-len", str(KV_CONTEXT)]
         if role == "prefill":
             argv += ["--kv-transfer-bandwidth", str(timing.transfer_gbps)]
+        if (decoding := self.decoding_at_once(case)) is not None:
+            argv += ["--max-num-seqs", str(decoding)]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
 
     def output_tokens(self, text: str) -> int:
@@ -168,6 +183,9 @@ class MockerBackend(Backend):
         timing = timing_of(case)
         steps_s = shape.max_tokens * STEP_S / (self.speedup_ratio * timing.decode_speedup)
         return (self.kv_transfer_floor_s(case) or 0.0) + steps_s
+
+    def decoding_at_once(self, case: Case) -> int | None:
+        return LOAD_DECODING if case.topology == "load" else None
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = timing_of(case)

@@ -26,7 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from handoff.backend import Model
-from handoff.gpu_backend import CONTEXT_TOKENS, PREFILL_TOO_SHORT, DynamoGpuBackend
+from handoff.gpu_backend import CONTEXT_TOKENS, LOAD_NOT_BUILT, PREFILL_TOO_SHORT, DynamoGpuBackend
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
 
@@ -41,7 +41,8 @@ class SglangBackend(DynamoGpuBackend):
     dynamo_module = "dynamo.sglang"
     unsupported = {
         "prefill": "Dynamo's own SGLang prefill migration tests are N/A (skipped), and "
-        + PREFILL_TOO_SHORT
+        + PREFILL_TOO_SHORT,
+        "load": LOAD_NOT_BUILT,
     }
     worker_ports = ("system", "nccl", "bootstrap", "http")
     role_ports = {

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from handoff.backend import Model
 from handoff.cases import Restriction
-from handoff.gpu_backend import CONTEXT_TOKENS, DynamoGpuBackend
+from handoff.gpu_backend import CONTEXT_TOKENS, LOAD_NOT_BUILT, DynamoGpuBackend
 from handoff.plugins import hookimpl
 
 KV_TOKENS = 4096
@@ -69,7 +69,8 @@ class TrtllmBackend(DynamoGpuBackend):
     dynamo_module = "dynamo.trtllm"
     unsupported = {
         "prefill": "migration out of a TRT-LLM prefill worker is unsupported: Dynamo's own "
-        "prefill migration test is an xfail that timed out"
+        "prefill migration test is an xfail that timed out",
+        "load": LOAD_NOT_BUILT,
     }
     restrictions = (
         Restriction(

@@ -40,6 +40,7 @@ from handoff.cases import KILLS, Restriction
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
+    LOAD_NOT_BUILT,
     PREFILL_TOO_SHORT,
     SENTENCE,
     DynamoGpuBackend,
@@ -97,7 +98,8 @@ class VllmBackend(DynamoGpuBackend):
     }
     unsupported = {
         "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
-        + PREFILL_TOO_SHORT
+        + PREFILL_TOO_SHORT,
+        "load": LOAD_NOT_BUILT,
     }
     worker_ports = ("system", "nixl", "kv_events", "rendezvous")
     role_ports = {

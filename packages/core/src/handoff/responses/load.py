@@ -1,0 +1,430 @@
+"""A load case: many requests at once, the fault on the worker that holds the most of them,
+and every request accounted for: which worker held it, whether it was decoding or still queued
+when the fault landed, how it ended, and what the frontend counted for all of them together."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
+from handoff import continuity, faults, metrics
+from handoff.backend import INFLIGHT, Backend, Worker
+from handoff.cases import Case, topology
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.history import History
+from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.responses import waits
+from handoff.verdict import (
+    Verdict,
+    against_known_defect,
+    completion_problems,
+    count_problems,
+    response_problems,
+)
+
+#: The frontend's gauge of requests it is serving: 0 once every request has ended.
+FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
+#: How long the gauges may take to fall to 0 after the last response ended.
+GAUGE_SETTLE_S = 3.0
+DECODING, QUEUED, UNKNOWN = "decoding", "queued", "decoding or queued"
+
+
+@dataclass
+class Held:
+    """One request of a load case, as the case learns where it is."""
+
+    n: int
+    inflight: InFlight
+    worker: str | None = None
+    #: DECODING, QUEUED or UNKNOWN when the fault landed (`classify`).
+    state: str = ""
+    chunks_at_fault: int = 0
+
+    @property
+    def request(self) -> Request:
+        return self.inflight.request
+
+    def label(self) -> str:
+        kind = "stream" if self.request.stream else "unary"
+        where = f", {self.state} on {self.worker}" if self.worker else ""
+        return f"request {self.n} ({kind}, id {self.request.request_id}{where})"
+
+
+class VictimWatch:
+    """What `faults.inject` reads as the response: finished once any request the victim held
+    has ended, which would put the fault past its window."""
+
+    def __init__(self, held: list[Held]) -> None:
+        self.held = held
+
+    @property
+    def finished(self) -> bool:
+        return any(h.inflight.finished for h in self.held)
+
+
+def exercise_load(
+    deployment: Deployment,
+    case: Case,
+    settings: waits.Settings,
+    deadline: Deadline,
+    history: History,
+    variant: int = 0,
+) -> Verdict:
+    """Send the backend's `load_requests` at once (streams and unary requests in turn, each
+    prompt its own), fault the worker holding the most of them once every one is placed, and
+    judge each request and the counters for all of them."""
+    backend, where = deployment.backend, topology(case.topology)
+    assert deployment.model is not None
+    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
+    count = int(backend.setting("load_requests"))
+    shapes = [backend.shape(case, variant * count + n) for n in range(count)]
+    counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
+    held = []
+    for n, shape in enumerate(shapes):
+        request = Request(
+            case.api, n % 2 == 0, model, shape.prompt, shape.max_tokens, str(uuid.uuid4())
+        )
+        held.append(Held(n, InFlight(deployment.base_url, request, read_timeout_s)))
+    sent_at = time.monotonic()
+    history.record(
+        "requests_sent",
+        requests=[{"n": h.n, "id": h.request.request_id, "stream": h.request.stream} for h in held],
+        max_tokens=shapes[0].max_tokens,
+    )
+    targets = [w for w in deployment.workers if w.role == where.target_role]
+    decoding_at_once = backend.decoding_at_once(case)
+    place(held, targets, decoding_at_once, settings.in_flight_tokens, deadline)
+    proven_at = time.monotonic()
+    victim = busiest(held, targets)
+    victims = [h for h in held if h.worker == victim.name]
+    if decoding_at_once is not None and len(victims) <= decoding_at_once:
+        raise CaseFailure(
+            f"{victim.name}, the busiest worker, held {len(victims)} requests and none queued "
+            f"(it decodes {decoding_at_once} at once): the router spread them "
+            f"{dict(Counter(h.worker for h in held))}"
+        )
+    classify(held, decoding_at_once)
+    history.record(
+        "requests_placed",
+        requests=[
+            {"n": h.n, "worker": h.worker, "state": h.state, "chunks": h.chunks_at_fault}
+            for h in held
+        ],
+    )
+    history.record(
+        "fault_sent",
+        fault=case.fault,
+        signal=faults.FIRST_SIGNAL[case.fault],
+        worker=victim.name,
+        pid=victim.process.pid,
+        holding=len(victims),
+    )
+    fault = faults.inject(
+        case.fault, victim, VictimWatch(victims), settings.graceful_bound_s, deadline
+    )
+    faulted_at = time.monotonic()
+    history.record("worker_gone", signals=list(fault.signals))
+    if successor := deployment.replace(victim):
+        history.record("successor_started", worker=successor)
+    if fault.response_done_at_kill or fault.finished_in_grace:
+        ended = [h.label() for h in victims if h.inflight.finished]
+        raise CaseFailure(
+            f"missed the fault window: {', '.join(ended)} had ended before "
+            f"{fault.signals[-1]} reached {victim.name} (raise the output length)"
+        )
+    bound_s, why = load_bound(
+        held,
+        case,
+        settings,
+        sent_at,
+        proven_at,
+        len(targets) - 1,
+        decoding_at_once,
+        backend.nominal_response_s(case, shapes[0]),
+    )
+    history.record("response_bound", seconds=round(bound_s, 1), why=why)
+    await_all(held, metrics_url, model, counts_before, deadline.within(bound_s), why, history)
+    for h in held:
+        waits.record_response(h.inflight, history)
+    outcome = expected_outcome(where.fault_window, case.policy, case.fault)
+    expected = expected_counts(outcome, len(victims), len(held))
+    counts = waits.settled_counts(
+        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
+    )
+    history.record("metrics_read", counts=counts.as_dict())
+    problems = []
+    for h in held:
+        problems += [
+            f"{h.label()}: {p}" for p in request_problems(h, victim, outcome, case, backend)
+        ]
+    problems += count_problems(expected, counts, backend.migration_counts)
+    problems += waits.late_counts(
+        metrics_url, model, counts_before, counts, expected, backend.migration_counts, history
+    )
+    problems += idle_problems(deployment, victim, metrics_url, deadline, history)
+    history.record("load_accounted", requests=price(held, faulted_at))
+    verdict = Verdict(passed=not problems, reasons=problems, phase="verdict")
+    if not backend.deterministic:
+        verdict.notes = [f"content not compared: {backend.nondeterministic_because}"]
+    return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
+
+
+def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
+    """By request id, the workers whose logs say they received it: a request a worker has
+    taken, whether it decodes it yet or not."""
+    seen: dict[str, list[str]] = {}
+    for worker in workers:
+        for line in worker.process.log_path.read_text(errors="replace").splitlines():
+            if "request received" not in line:
+                continue
+            found = continuity.RECEIVED.match(continuity.ANSI.sub("", line))
+            if found and found.group(2) in ids:
+                seen.setdefault(found.group(2), []).append(worker.name)
+    return seen
+
+
+def place(
+    held: list[Held],
+    workers: list[Worker],
+    decoding_at_once: int | None,
+    in_flight_tokens: int,
+    deadline: Deadline,
+) -> None:
+    """Wait until every request is placed by its worker's own state, and settled: one
+    worker's log names it, each worker's in-flight gauge equals the requests its log names,
+    and on each worker the streams with tokens (each with `in_flight_tokens` at least) and the
+    streams with none are as many as its decoding slots and its queue allow. A request that
+    ends first, or one that two workers name, fails the case."""
+    ids = {h.request.request_id: h for h in held}
+    ports = {w.name: w.ports["system"] for w in workers}
+
+    def probe() -> tuple[bool | None, str]:
+        if ended := [h.label() for h in held if h.inflight.finished]:
+            raise CaseFailure(f"missed the fault window: {', '.join(ended)} ended before the fault")
+        seen = received(workers, set(ids))
+        if twice := {i: w for i, w in seen.items() if len(w) > 1}:
+            raise CaseFailure(f"requests received by more than one worker before a fault: {twice}")
+        try:
+            gauges = metrics.worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+        except metrics.Unanswered as exc:
+            return None, str(exc)
+        names = Counter(w[0] for w in seen.values())
+        if len(seen) < len(held) or any(gauges[w] != names[w] for w in ports):
+            return None, f"{len(seen)} of {len(held)} requests in a worker's log; gauges {gauges}"
+        for request_id, (worker,) in seen.items():
+            ids[request_id].worker = worker
+        unsettled = [
+            worker
+            for worker in ports
+            if not settled(
+                [h for h in held if h.worker == worker], decoding_at_once, in_flight_tokens
+            )
+        ]
+        return (None if unsettled else True), f"tokens not yet settled on {unsettled}"
+
+    poll_until(probe, deadline.within(faults.HOLDER_TIMEOUT_S), "every request placed on a worker")
+
+
+def settled(mine: list[Held], decoding_at_once: int | None, in_flight_tokens: int) -> bool:
+    """Whether one worker's requests read as decoding or queued beyond doubt: every stream with
+    tokens has `in_flight_tokens`, and neither kind of stream outnumbers its slots."""
+    queue = max(len(mine) - decoding_at_once, 0) if decoding_at_once else 0
+    streams = [len(h.inflight.response.chunks) for h in mine if h.request.stream]
+    started = [n for n in streams if n]
+    return (
+        all(n >= in_flight_tokens for n in started)
+        and len(started) <= len(mine) - queue
+        and len(streams) - len(started) <= queue
+    )
+
+
+def classify(held: list[Held], decoding_at_once: int | None) -> None:
+    """Each request's state when the fault landed: a stream by its tokens then; a unary
+    request, which shows none before its end, by what its worker's slots leave for it, or
+    `UNKNOWN` where they leave room for either."""
+    for h in held:
+        h.chunks_at_fault = len(h.inflight.response.chunks)
+        if h.request.stream:
+            h.state = DECODING if h.chunks_at_fault else QUEUED
+    for worker in {h.worker for h in held}:
+        mine = [h for h in held if h.worker == worker]
+        queue = max(len(mine) - decoding_at_once, 0) if decoding_at_once else 0
+        unary = [h for h in mine if not h.request.stream]
+        queued_left = queue - sum(h.state == QUEUED for h in mine if h.request.stream)
+        slots_left = len(mine) - queue - sum(h.state == DECODING for h in mine if h.request.stream)
+        state = DECODING if queued_left <= 0 else QUEUED if slots_left <= 0 else UNKNOWN
+        for h in unary:
+            h.state = state
+
+
+def busiest(held: list[Held], workers: list[Worker]) -> Worker:
+    """The worker holding the most requests; of equals, the first."""
+    holding = Counter(h.worker for h in held)
+    return max(workers, key=lambda w: holding[w.name])
+
+
+def load_bound(
+    held: list[Held],
+    case: Case,
+    settings: waits.Settings,
+    sent_at: float,
+    proven_at: float,
+    survivors: int,
+    decoding_at_once: int | None,
+    whole_s: float | None,
+) -> tuple[float, str]:
+    """How long after the fault every response must have ended: the fault's own wait, then
+    every request's whole output again, `waits.RESPONSE_SLOWER_BY` times slower than the
+    slowest stream decoding when it was placed, counted from the requests' sending (or the
+    backend's own `whole_s`), in as many rounds
+    as the surviving workers' decoding slots need, and `waits.RESPONSE_FIXED_S` for the moves."""
+    wait_s, waits_for = waits.fault_wait(case.fault, case.plane, settings)
+    max_tokens = held[0].request.max_tokens
+    streams = [h for h in held if h.request.stream and h.state == DECODING]
+    if streams:
+        rate = min(h.chunks_at_fault for h in streams) / (proven_at - sent_at)
+        whole_s, basis = max_tokens / rate, f"{rate:.0f} tokens/s, the slowest stream's"
+    elif whole_s is not None:
+        basis = "the backend's own speed"
+    else:
+        raise CaseFailure("no stream was decoding at the fault: nothing to bound the rest by")
+    slots = max(survivors, 1) * (decoding_at_once or len(held))
+    rounds = math.ceil(len(held) / slots)
+    bound_s = wait_s + waits.RESPONSE_SLOWER_BY * rounds * whole_s + waits.RESPONSE_FIXED_S
+    why = (
+        f"{bound_s:.0f} s after the fault, the bound that {waits_for}{rounds} round(s) of "
+        f"{max_tokens} tokens at {basis} on {survivors} surviving worker(s) allow"
+    )
+    return bound_s, why
+
+
+def await_all(
+    held: list[Held],
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+    why: str,
+    history: History,
+) -> None:
+    """Wait for every response to end, noting when the frontend first counts a migration; one
+    still open at the bound fails the case as hung, naming it, its worker and its last token."""
+    seen: list[metrics.MigrationCounts] = []
+
+    def probe() -> tuple[bool | None, str]:
+        if not seen:
+            counts = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+            if (moved := counts.since(before)).ongoing_request + moved.new_request:
+                seen.append(moved)
+                history.record("migration_seen", **moved.as_dict())
+        still = [h.n for h in held if not h.inflight.finished]
+        return (None if still else True), f"requests {still} open"
+
+    try:
+        poll_until(probe, deadline, "every response to end")
+    except Timeout:
+        still = "; ".join(
+            f"{h.label()}: {waits.last_token(h.inflight)}" for h in held if not h.inflight.finished
+        )
+        raise CaseFailure(f"hung: still open {why}: {still}") from None
+
+
+def expected_counts(outcome: Outcome, cut: int, sent: int) -> Outcome:
+    """What the counters must rise by: each of the `cut` requests the faulted worker held moves
+    (or fails to) as `outcome` says, queued or decoding alike (Dynamo 1.6.1 counts a request
+    its worker had received, started or not, as `ongoing_request`); the sequence cap's counter
+    counts each of the `sent` requests over the cap, as the frontend counts one when it
+    arrives, cut or not."""
+    moved = {name: n * cut for name, n in outcome.counts().items()}
+    moved["max_seq_len_exceeded"] = outcome.max_seq_len_exceeded * sent
+    return replace(outcome, **moved)
+
+
+def request_problems(
+    h: Held, victim: Worker, outcome: Outcome, case: Case, backend: Backend
+) -> list[str]:
+    """One request against its promise: a request the faulted worker held ends as the policy
+    says; any other completes whatever the policy. A complete response is whole (tokens,
+    usage, one finish)."""
+    response, max_tokens = h.inflight.response, h.request.max_tokens
+    if h.worker == victim.name:
+        problems = response_problems(outcome, case.policy, response, max_tokens)
+    else:
+        problems = completion_problems(response, max_tokens)
+    if not problems and response.status == 200 and response.error is None:
+        kept = continuity.check(
+            response,
+            max_tokens,
+            backend.output_tokens,
+            one_token_per_frame=backend.one_token_per_frame,
+        )
+        problems += kept.problems
+    return problems
+
+
+def idle_problems(
+    deployment: Deployment, victim: Worker, metrics_url: str, deadline: Deadline, history: History
+) -> list[str]:
+    """After the last response, the frontend's in-flight gauge and every surviving worker's
+    must fall to 0: a request still counted is one no client waits for. A gauge that cannot be
+    read is unknown, and polled again; a frontend that exports none fails the case."""
+    ports = {w.name: w.ports["system"] for w in deployment.workers if w is not victim}
+
+    def probe() -> tuple[bool | None, str]:
+        text = metrics.scrape(metrics_url)
+        if FRONTEND_INFLIGHT not in text:
+            raise CaseFailure(
+                f"the frontend exports no {FRONTEND_INFLIGHT}: whether it still serves a "
+                f"request is unknown"
+            )
+        try:
+            gauges = metrics.worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+        except metrics.Unanswered as exc:
+            return None, str(exc)
+        gauges["the frontend"] = metrics.sample_sum(text, FRONTEND_INFLIGHT)
+        busy = {name: value for name, value in gauges.items() if value}
+        return (None if busy else True), f"in flight: {busy}"
+
+    try:
+        poll_until(probe, deadline.within(GAUGE_SETTLE_S), "every in-flight gauge at 0")
+    except Timeout as exc:
+        return [f"after every response ended: {exc}"]
+    history.record("gauges_idle")
+    return []
+
+
+def price(held: list[Held], faulted_at: float) -> list[dict[str, object]]:
+    """What the loss cost each stream: the time from the fault to its next token, and its
+    largest gap between tokens before the fault and after it."""
+    rows = []
+    for h in held:
+        response = h.inflight.response
+        row: dict[str, object] = {
+            "n": h.n,
+            "worker": h.worker,
+            "state": h.state,
+            "stream": h.request.stream,
+            "status": response.status,
+            "failed": response.error is not None or response.exception is not None,
+        }
+        at = [c.at for c in response.chunks]
+        if h.request.stream and at:
+            after = [t for t in at if t > faulted_at]
+            gaps = list(pairwise(at))
+            before_ms = [b - a for a, b in gaps if b <= faulted_at]
+            after_ms = [b - a for a, b in gaps if a > faulted_at]
+            row["fault_to_next_token_ms"] = (
+                round((after[0] - faulted_at) * 1000, 1) if after else None
+            )
+            row["largest_gap_before_ms"] = round(max(before_ms) * 1000, 1) if before_ms else None
+            row["largest_gap_after_ms"] = round(max(after_ms) * 1000, 1) if after_ms else None
+        rows.append(row)
+    return rows

@@ -1,0 +1,69 @@
+"""Many requests at once on Dynamo's frontend and mocker workers: a system that loses one of
+them, or migrates none, fails the load case for that reason, each request it concerns named."""
+
+import threading
+
+from handoff import client, faults, runner
+from handoff.cases import Case
+from handoff.policies import POLICIES
+from handoff.runner import Settings
+from handoff_mocker import MockerBackend
+
+LOAD = Case.from_id("migration_enabled-worker_failure-chat-nats", "load")
+SETTINGS = Settings(keep_logs=True)
+TIMEOUT_S = 90
+
+
+def event(result, name: str) -> dict:
+    return next(e for e in result.history.events if e.name == name).data
+
+
+def test_migration_secretly_off_fails_each_cut_request_and_the_counts(tmp_path):
+    result = runner.run_case(
+        MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S, POLICIES["migration_disabled"]
+    )
+    assert not result.verdict.passed
+    victim = event(result, "fault_sent")["worker"]
+    cut = [r["n"] for r in event(result, "requests_placed")["requests"] if r["worker"] == victim]
+    named = [r for r in result.verdict.reasons if r.startswith("request ")]
+    assert len(cut) >= 3 and sorted({int(r.split()[1]) for r in named}) == sorted(cut)
+    assert all(f"on {victim})" in r for r in named)
+    assert f"migration counter succeeded = 0, expected {len(cut)}" in result.verdict.reasons
+
+
+def test_a_stream_the_client_drops_is_one_request_lost_and_named(tmp_path, monkeypatch):
+    """Once the fault has landed, the client stops reading one stream and closes it, as a
+    user's connection drops: the frontend still serves the other requests, and the case fails
+    for the one that never completed, by its number alone."""
+    inject, landed = faults.inject, threading.Event()
+
+    def injected(*args, **kwargs):
+        report = inject(*args, **kwargs)
+        landed.set()
+        return report
+
+    read_stream, readers, lock = client._read_stream, [], threading.Lock()
+
+    def drop_one(body, response):
+        with lock:
+            readers.append(response)
+            first = len(readers) == 1
+        return read_stream(body if not first else until_dropped(body), response)
+
+    def until_dropped(body):
+        """The stream's pieces until three have come after the fault; then `send` returns,
+        closing the connection."""
+        after = 0
+        for piece in body:
+            yield piece
+            after += landed.is_set()
+            if after == 3:
+                return
+
+    monkeypatch.setattr(faults, "inject", injected)
+    monkeypatch.setattr(client, "_read_stream", drop_one)
+    result = runner.run_case(MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
+    assert landed.is_set() and not result.verdict.passed
+    named = [r for r in result.verdict.reasons if r.startswith("request ")]
+    assert len({r.split(" (")[0] for r in named}) == 1, result.verdict.reasons
+    assert "finish_reason None, expected 'length'" in named[0]

@@ -1,0 +1,134 @@
+"""The accounting of a load case on requests this test places: where each request is, whether
+it was decoding or queued at the fault, what the counters must rise by, and the bound."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from handoff.cases import Case
+from handoff.client import Chunk, Request, Response
+from handoff.errors import CaseFailure
+from handoff.policies import expected_outcome
+from handoff.responses.load import (
+    DECODING,
+    QUEUED,
+    UNKNOWN,
+    Held,
+    busiest,
+    classify,
+    expected_counts,
+    load_bound,
+    received,
+    settled,
+)
+from handoff.responses.waits import Settings
+
+MAX_TOKENS = 900
+
+
+def held(n: int, worker: str, stream: bool, tokens: int = 0) -> Held:
+    request = Request("chat", stream, "m", f"t{100 + n}", MAX_TOKENS, f"id-{n}")
+    response = Response(chunks=[Chunk(0.01 * i, {}) for i in range(tokens)])
+    inflight = SimpleNamespace(request=request, response=response, finished=False)
+    return Held(n, inflight, worker)
+
+
+def test_every_cut_request_counts_once_and_the_cap_counts_every_request_sent():
+    enabled = expected_counts(
+        expected_outcome("decoding", "migration_enabled", "worker_failure"), 3, 8
+    )
+    assert enabled.counts() == {
+        "ongoing_request": 3,
+        "new_request": 0,
+        "max_seq_len_exceeded": 0,
+        "succeeded": 3,
+        "failed": 0,
+    }
+    capped = expected_counts(
+        expected_outcome("decoding", "max_seq_len_exceeded", "worker_failure"), 3, 8
+    )
+    assert capped.error is not None
+    assert (capped.ongoing_request, capped.max_seq_len_exceeded, capped.failed) == (3, 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("requests", "ready"),
+    [
+        ([(True, 10), (True, 0), (False, 0)], True),  # one decoding, one queued, one unary
+        ([(True, 2), (True, 0), (False, 0)], False),  # a stream with too few tokens yet
+        ([(True, 0), (True, 0), (False, 0)], False),  # two streams waiting, one queue slot
+        ([(True, 10), (True, 10), (True, 10)], False),  # three decoding on two slots
+    ],
+)
+def test_a_worker_is_settled_only_when_its_streams_fit_its_slots(requests, ready):
+    mine = [held(n, "w", stream, tokens) for n, (stream, tokens) in enumerate(requests)]
+    assert settled(mine, decoding_at_once=2, in_flight_tokens=5) is ready
+
+
+@pytest.mark.parametrize(
+    ("requests", "unary_state"),
+    [
+        ([(True, 10), (False, 0), (False, 0)], UNKNOWN),  # a slot and a queue place left
+        ([(True, 10), (True, 0), (False, 0)], DECODING),  # the queue is the stream's
+        ([(True, 10), (True, 12), (False, 0)], QUEUED),  # both slots are the streams'
+    ],
+)
+def test_a_unary_request_is_placed_only_where_its_workers_slots_leave_no_doubt(
+    requests, unary_state
+):
+    mine = [held(n, "w", stream, tokens) for n, (stream, tokens) in enumerate(requests)]
+    classify(mine, decoding_at_once=2)
+    assert [h.state for h in mine if h.request.stream] == [
+        DECODING if tokens else QUEUED for stream, tokens in requests if stream
+    ]
+    assert {h.state for h in mine if not h.request.stream} == {unary_state}
+    assert [h.chunks_at_fault for h in mine] == [tokens for _, tokens in requests]
+
+
+def test_without_a_limit_every_request_decodes():
+    mine = [held(0, "w", False), held(1, "w", False)]
+    classify(mine, decoding_at_once=None)
+    assert {h.state for h in mine} == {DECODING}
+
+
+def test_the_fault_goes_to_the_worker_holding_the_most():
+    workers = [SimpleNamespace(name=n) for n in ("a", "b", "c")]
+    requests = [held(0, "a", True), held(1, "b", True), held(2, "b", False), held(3, "c", True)]
+    assert busiest(requests, workers).name == "b"
+
+
+def test_the_bound_allows_every_request_again_in_the_rounds_the_survivors_slots_need():
+    requests = [held(n, f"w{n % 3}", n % 2 == 0, 20) for n in range(8)]
+    classify(requests, decoding_at_once=2)
+    case = Case("migration_enabled", "worker_failure", "chat", "stream", "nats", "load")
+    bound, why = load_bound(requests, case, Settings(), 0.0, 0.2, 2, 2, None)
+    # 20 tokens in 0.2 s: 100 tokens/s, 9 s a request; 8 requests on 2 x 2 slots: 2 rounds.
+    assert bound == pytest.approx(10.0 + 4.0 * 2 * 9.0 + 5.0)
+    assert "2 round(s) of 900 tokens at 100 tokens/s" in why and "10 s nats request" in why
+
+
+def test_no_stream_decoding_and_no_speed_of_its_own_leaves_nothing_to_bound_by():
+    requests = [held(n, "w", False) for n in range(3)]
+    classify(requests, decoding_at_once=2)
+    case = Case("migration_enabled", "worker_failure", "chat", "stream", "tcp", "load")
+    with pytest.raises(CaseFailure, match="nothing to bound the rest by"):
+        load_bound(requests, case, Settings(), 0.0, 0.2, 2, 2, None)
+
+
+def log_line(request_id: str) -> str:
+    return (
+        "\x1b[2m2026-12-03T11:37:12.722454Z\x1b[0m \x1b[32m INFO\x1b[0m handle_payload: "
+        "push_handler: request received \x1b[3mrequest_id\x1b[0m\x1b[2m=\x1b[0m"
+        f"{request_id} component=backend\n"
+    )
+
+
+def test_a_request_is_where_a_workers_log_says_it_was_received(tmp_path: Path):
+    logs = {"a": "".join(map(log_line, ["id-1", "another-case"])), "b": log_line("id-2")}
+    workers = []
+    for name, text in logs.items():
+        (tmp_path / f"{name}.log").write_text(text)
+        process = SimpleNamespace(log_path=tmp_path / f"{name}.log")
+        workers.append(SimpleNamespace(name=name, process=process))
+    assert received(workers, {"id-1", "id-2", "id-3"}) == {"id-1": ["a"], "id-2": ["b"]}
