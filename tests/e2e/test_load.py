@@ -1,7 +1,9 @@
 """Many requests at once on Dynamo's frontend and mocker workers: a system that loses one of
 them, or migrates none, fails the load case for that reason, each request it concerns named."""
 
+import re
 import threading
+from typing import ClassVar
 
 from handoff import client, faults, runner
 from handoff.cases import Case
@@ -67,3 +69,33 @@ def test_a_stream_the_client_drops_is_one_request_lost_and_named(tmp_path, monke
     named = [r for r in result.verdict.reasons if r.startswith("request ")]
     assert len({r.split(" (")[0] for r in named}) == 1, result.verdict.reasons
     assert "finish_reason None, expected 'length'" in named[0]
+
+
+class ShortLoad(MockerBackend):
+    """Requests of 400 tokens: the bound, which allows each of them again, comes sooner."""
+
+    defaults: ClassVar[dict[str, object]] = {**MockerBackend.defaults, "max_tokens": {"load": 400}}
+
+
+def test_a_worker_that_freezes_instead_of_dying_leaves_its_requests_hung_each_named(
+    tmp_path, monkeypatch
+):
+    """The fault stops the busiest worker instead of killing it, on a frontend with no stream
+    timeout (a kill's case sets none): its requests never end, and the case fails as hung once
+    its bound has passed, well before the case deadline, naming each of them."""
+
+    def freeze(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
+        holder.process.freeze(deadline)
+        return faults.FaultReport(fault, holder.name, holder.process.pid, ("SIGSTOP",), False)
+
+    monkeypatch.setattr(faults, "inject", freeze)
+    case = Case.from_id("migration_disabled-worker_failure-completion-tcp", "load")
+    result = runner.run_case(ShortLoad(), case, tmp_path, SETTINGS, TIMEOUT_S)
+    assert not result.verdict.passed
+    (reason,) = [r for r in result.verdict.reasons if r.startswith("hung:")]
+    victim = event(result, "fault_sent")["worker"]
+    cut = [r["n"] for r in event(result, "requests_placed")["requests"] if r["worker"] == victim]
+    assert sorted(map(int, re.findall(r"request (\d+) \(", reason))) == sorted(cut)
+    events = {e.name: e for e in result.history.events}
+    waited = events["teardown_done"].at - events["fault_sent"].at
+    assert events["response_bound"].data["seconds"] <= waited < TIMEOUT_S - 15

@@ -9,6 +9,7 @@ import pytest
 from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure
+from handoff.history import History, percentile, resumption_s
 from handoff.policies import expected_outcome
 from handoff.responses.load import (
     DECODING,
@@ -23,6 +24,7 @@ from handoff.responses.load import (
     settled,
 )
 from handoff.responses.waits import Settings
+from handoff.runs.report import _cells
 
 MAX_TOKENS = 900
 
@@ -132,3 +134,41 @@ def test_a_request_is_where_a_workers_log_says_it_was_received(tmp_path: Path):
         process = SimpleNamespace(log_path=tmp_path / f"{name}.log")
         workers.append(SimpleNamespace(name=name, process=process))
     assert received(workers, {"id-1", "id-2", "id-3"}) == {"id-1": ["a"], "id-2": ["b"]}
+
+
+def test_a_load_case_reports_the_p50_and_p99_pause_of_the_streams_the_fault_cut():
+    history = History()
+    history.record_at("fault_sent", history.started + 1.0)
+    for end in (3.0, 7.5, 5.0):
+        history.record_at("response_finished", history.started + end)
+    rows = [{"cut": True, "fault_to_next_token_ms": ms} for ms in (300.0, 100.0, 2000.0)]
+    rows += [
+        {"cut": False, "fault_to_next_token_ms": 5.0},  # a survivor's: not a move
+        {"cut": True, "failed": True, "fault_to_next_token_ms": 8.0},  # its error frame
+        {"cut": True, "stream": False},  # unary: no next token
+    ]
+    history.record("load_accounted", requests=rows)
+    phases = history.phases()
+    assert phases["fault_to_next_token_ms"] == 300.0
+    assert phases["fault_to_next_token_p99_ms"] == 2000.0
+    assert phases["fault_to_end_s"] == 6.5  # to the last response's end, not the first's
+    case = SimpleNamespace(
+        key="load/x",
+        verdict="PASS",
+        seconds=9.0,
+        phases=phases,
+        counts={},
+        upstream_defect="",
+        reasons=[],
+    )
+    assert _cells(case)[3] == "300/2000"
+
+
+def test_the_pause_is_measured_to_the_token_after_the_longest_gap_from_the_fault():
+    chunks = [0.1, 0.2, 1.05, 1.1, 2.6, 2.65]  # tokens on their way at 1.0, then the move
+    assert resumption_s(chunks, 1.0) == pytest.approx(1.6)
+    assert resumption_s([0.5], 1.0) is None and resumption_s([0.1, 0.2], 1.0) is None
+
+
+def test_a_percentile_is_one_of_the_values():
+    assert [percentile([3.0, 1.0, 2.0], q) for q in (1, 50, 99)] == [1.0, 2.0, 3.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -57,27 +58,47 @@ class History:
             for name, (start, end) in spans.items()
             if start in at and end in at
         }
-        if (gap := self.fault_to_next_token_s()) is not None:
+        load = next((e.data["requests"] for e in self.events if e.name == "load_accounted"), None)
+        if load is not None:  # many streams: the pause of each the fault cut and moved, p50, p99
+            ends = [e.at for e in self.events if e.name == "response_finished"]
+            if "fault_sent" in at and ends:
+                phases["fault_to_end_s"] = round(max(ends) - at["fault_sent"], 3)
+            moved = [r for r in load if r.get("cut") and not r.get("failed")]
+            pauses = [r.get("fault_to_next_token_ms") for r in moved]
+            if pauses := [p for p in pauses if p is not None]:
+                phases["fault_to_next_token_ms"] = percentile(pauses, 50)
+                phases["fault_to_next_token_p99_ms"] = percentile(pauses, 99)
+        elif (gap := self.fault_to_next_token_s()) is not None:
             phases["fault_to_next_token_ms"] = round(gap * 1000, 1)
         return phases
 
     def fault_to_next_token_s(self) -> float | None:
-        """From the first signal to the first token after the migration's stall: the longest
-        pause in the stream after the fault. Tokens already on their way when the signal went
-        out arrive before that pause, so the first chunk after the fault is not the one."""
+        """From the first signal to the first token after the migration's stall (`resumption_s`)
+        of the case's one stream."""
         fault = next((e.at for e in self.events if e.name == "fault_sent"), None)
         chunks = [e.at for e in self.timeline() if e.name == "chunk"]
-        if len(chunks) < 2:  # a unary response arrives whole: there is no next token
-            return None
-        before = [t for t in chunks if t < fault] if fault is not None else []
-        after = [t for t in chunks if fault is not None and t >= fault]
-        if not after:
-            return None
-        times = before[-1:] + after
-        resumed = max(pairwise(times), key=lambda p: p[1] - p[0], default=None)
-        return (resumed[1] if resumed else after[0]) - fault
+        return None if fault is None else resumption_s(chunks, fault)
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         events = [{"event": e.name, "at": e.at, **e.data} for e in self.timeline()]
         path.write_text(json.dumps(events, indent=2, default=str) + "\n")
+
+
+def resumption_s(chunks: list[float], fault: float) -> float | None:
+    """From `fault` to the first token after the longest pause in a stream read at `chunks`
+    (monotonic times, in order) from the fault on. Tokens already on their way when the signal
+    went out arrive before that pause, so the first chunk after the fault is not the one. None
+    for a stream with no token after the fault, or a unary response (one chunk: no next token)."""
+    after = [t for t in chunks if t >= fault]
+    if len(chunks) < 2 or not after:
+        return None
+    times = [t for t in chunks if t < fault][-1:] + after
+    resumed = max(pairwise(times), key=lambda p: p[1] - p[0], default=None)
+    return (resumed[1] if resumed else after[0]) - fault
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile `q` of `values`: one of them, never an interpolation."""
+    ranked = sorted(values)
+    return ranked[max(math.ceil(q / 100 * len(ranked)) - 1, 0)]

@@ -17,7 +17,7 @@ from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
-from handoff.history import History
+from handoff.history import History, resumption_s
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import waits
@@ -127,10 +127,10 @@ def exercise_load(
         pid=victim.process.pid,
         holding=len(victims),
     )
+    signalled_at = time.monotonic()
     fault = faults.inject(
         case.fault, victim, VictimWatch(victims), settings.graceful_bound_s, deadline
     )
-    faulted_at = time.monotonic()
     history.record("worker_gone", signals=list(fault.signals))
     if successor := deployment.replace(victim):
         history.record("successor_started", worker=successor)
@@ -170,7 +170,7 @@ def exercise_load(
         metrics_url, model, counts_before, counts, expected, backend.migration_counts, history
     )
     problems += idle_problems(deployment, victim, metrics_url, deadline, history)
-    history.record("load_accounted", requests=price(held, faulted_at))
+    history.record("load_accounted", requests=price(held, victim, signalled_at))
     verdict = Verdict(passed=not problems, reasons=problems, phase="verdict")
     if not backend.deterministic:
         verdict.notes = [f"content not compared: {backend.nondeterministic_because}"]
@@ -401,15 +401,18 @@ def idle_problems(
     return []
 
 
-def price(held: list[Held], faulted_at: float) -> list[dict[str, object]]:
-    """What the loss cost each stream: the time from the fault to its next token, and its
-    largest gap between tokens before the fault and after it."""
+def price(held: list[Held], victim: Worker, signalled_at: float) -> list[dict[str, object]]:
+    """What the loss cost each stream: the time from the fault's first signal to its first
+    token after the longest pause that followed (`history.resumption_s`: for a request the fault
+    cut, the migration's pause; for another, the disturbance), and its largest gap between
+    tokens before the signal and after it."""
     rows = []
     for h in held:
         response = h.inflight.response
         row: dict[str, object] = {
             "n": h.n,
             "worker": h.worker,
+            "cut": h.worker == victim.name,
             "state": h.state,
             "stream": h.request.stream,
             "status": response.status,
@@ -417,14 +420,12 @@ def price(held: list[Held], faulted_at: float) -> list[dict[str, object]]:
         }
         at = [c.at for c in response.chunks]
         if h.request.stream and at:
-            after = [t for t in at if t > faulted_at]
+            resumed = resumption_s(at, signalled_at)
             gaps = list(pairwise(at))
-            before_ms = [b - a for a, b in gaps if b <= faulted_at]
-            after_ms = [b - a for a, b in gaps if a > faulted_at]
-            row["fault_to_next_token_ms"] = (
-                round((after[0] - faulted_at) * 1000, 1) if after else None
-            )
-            row["largest_gap_before_ms"] = round(max(before_ms) * 1000, 1) if before_ms else None
-            row["largest_gap_after_ms"] = round(max(after_ms) * 1000, 1) if after_ms else None
+            before = [b - a for a, b in gaps if b <= signalled_at]
+            after = [b - a for a, b in gaps if a >= signalled_at]
+            row["fault_to_next_token_ms"] = None if resumed is None else round(resumed * 1000, 1)
+            row["largest_gap_before_ms"] = round(max(before) * 1000, 1) if before else None
+            row["largest_gap_after_ms"] = round(max(after) * 1000, 1) if after else None
         rows.append(row)
     return rows

@@ -42,11 +42,12 @@ def _cells(case: CaseRecord) -> list[str]:
     """The table's cells as plain text: case, verdict, total s, fault→token ms, migrations,
     reason."""
     gap = case.phases.get("fault_to_next_token_ms")
+    p99 = case.phases.get("fault_to_next_token_p99_ms")  # a load case: p50/p99 of its cut streams
     return [
         case.key,
         case.verdict,
         f"{case.seconds:.1f}",
-        "" if gap is None else f"{gap:.0f}",
+        "" if gap is None else f"{gap:.0f}" if p99 is None else f"{gap:.0f}/{p99:.0f}",
         str(case.migrations) if case.counts else "",
         # An expected failure: the issue here, the promise it breaks under the table.
         case.upstream_defect.partition(": ")[0]
