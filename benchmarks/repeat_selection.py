@@ -4,6 +4,7 @@ Each run is a fresh pytest process against the real Dynamo frontend and mocker w
 Nothing is retried: a failed case counts as failed, and its kept logs are printed.
 
     python benchmarks/repeat_selection.py --runs 20 [--workers 2] [--selection pre_merge]
+        [--topology load ...]
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (-n)")
     parser.add_argument("--backend", default="mocker")
     parser.add_argument("--selection", default="pre_merge")
+    parser.add_argument(
+        "--topology", action="append", default=[], help="only these topologies (repeatable)"
+    )
     args = parser.parse_args()
+    topologies = [arg for t in args.topology for arg in ("--handoff-topology", t)]
 
     walls: list[float] = []
     per_case: dict[str, list[float]] = defaultdict(list)
@@ -35,6 +40,7 @@ def main() -> int:
             run = run_selection(
                 Path(tmp) / f"run-{i}.xml", args.workers,
                 "--handoff-backend", args.backend, "--handoff-selection", args.selection,
+                *topologies,
             )  # fmt: skip
             walls.append(run.wall_s)
             ok = sum(1 for c in run.cases.values() if c.passed)
@@ -51,7 +57,8 @@ def main() -> int:
 
     print(
         f"\n{platform.node()} {platform.machine()} Python {platform.python_version()}, "
-        f"{args.backend} {args.selection}, -n {args.workers}, {args.runs} runs"
+        f"{args.backend} {args.selection} {' '.join(args.topology) or 'every topology'}, "
+        f"-n {args.workers}, {args.runs} runs"
     )
     print(f"cases: {passes} passed, {failures} failed (no retries)")
     print(f"selection wall time: median {statistics.median(walls):.1f} s, max {max(walls):.1f} s")

@@ -1,7 +1,8 @@
 """report.html of a real run, rendered by a real browser: the first pre-merge case of each
 mocker topology runs (two xdist workers), `handoff report` writes the page, and Debian's
-headless chromium draws it (a screenshot) and parses it (its DOM holds one timeline per case).
-The whole selection runs elsewhere (tests/e2e/test_qualification.py); this is about the page."""
+headless chromium draws it (a screenshot) and parses it (its DOM holds one timeline per case,
+and for the load case a lane per request). The whole selection runs elsewhere
+(tests/e2e/test_qualification.py); this is about the page."""
 
 import os
 import shlex
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from handoff.cases import TOPOLOGIES, selection
+from handoff_mocker import MockerBackend
 
 CASES = [selection(t, "pre_merge")[0].key for t in TOPOLOGIES]
 ONLY = [arg for key in CASES for arg in ("--handoff-case", key)]
@@ -33,15 +35,29 @@ def chromium() -> str:
 
 
 class Timelines(HTMLParser):
+    """The cases the page draws a timeline of, and for a load case its lanes, one per
+    request."""
+
     def __init__(self, page: str) -> None:
         super().__init__()
         self.keys: list[str] = []
+        self.lanes: dict[str, int] = {}
+        self.drawing: str | None = None
         self.feed(page)
 
     def handle_starttag(self, tag, attrs):
         found = dict(attrs)
         if tag == "svg" and found.get("class") == "timeline":
             self.keys.append(found["data-case"])
+        elif tag == "svg" and found.get("class") == "lanes":
+            self.drawing = found["data-case"]
+            self.lanes[self.drawing] = 0
+        elif tag == "g" and found.get("class") == "lane" and self.drawing:
+            self.lanes[self.drawing] += 1
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.drawing = None
 
 
 def browse(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -88,4 +104,7 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
 
     dom = browse(browser, tmp_path, "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert sorted(Timelines(dom.stdout).keys) == sorted(CASES)
+    drawn = Timelines(dom.stdout)
+    assert sorted(drawn.keys) == sorted(CASES)
+    load = [key for key in CASES if key.startswith("load/")]
+    assert drawn.lanes == dict.fromkeys(load, MockerBackend.defaults["load_requests"])

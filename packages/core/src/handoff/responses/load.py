@@ -153,7 +153,7 @@ def exercise_load(
     history.record("response_bound", seconds=round(bound_s, 1), why=why)
     await_all(held, metrics_url, model, counts_before, deadline.within(bound_s), why, history)
     for h in held:
-        waits.record_response(h.inflight, history)
+        waits.record_response(h.inflight, history, request=h.n)
     outcome = expected_outcome(where.fault_window, case.policy, case.fault)
     expected = expected_counts(outcome, len(victims), len(held))
     counts = waits.settled_counts(
@@ -170,7 +170,8 @@ def exercise_load(
         metrics_url, model, counts_before, counts, expected, backend.migration_counts, history
     )
     problems += idle_problems(deployment, victim, metrics_url, deadline, history)
-    history.record("load_accounted", requests=price(held, victim, signalled_at))
+    served = received(targets, {h.request.request_id for h in held})
+    history.record("load_accounted", requests=price(held, victim, signalled_at, served))
     verdict = Verdict(passed=not problems, reasons=problems, phase="verdict")
     if not backend.deterministic:
         verdict.notes = [f"content not compared: {backend.nondeterministic_because}"]
@@ -178,17 +179,18 @@ def exercise_load(
 
 
 def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
-    """By request id, the workers whose logs say they received it: a request a worker has
-    taken, whether it decodes it yet or not."""
-    seen: dict[str, list[str]] = {}
+    """By request id, the workers whose logs say they received it, in the order they did (by
+    their logs' timestamps): a request a worker has taken, whether it decodes it yet or not,
+    and after a move the worker it moved to."""
+    seen: dict[str, list[tuple[str, str]]] = {}
     for worker in workers:
         for line in worker.process.log_path.read_text(errors="replace").splitlines():
             if "request received" not in line:
                 continue
             found = continuity.RECEIVED.match(continuity.ANSI.sub("", line))
             if found and found.group(2) in ids:
-                seen.setdefault(found.group(2), []).append(worker.name)
-    return seen
+                seen.setdefault(found.group(2), []).append((found.group(1), worker.name))
+    return {request_id: [name for _, name in sorted(by)] for request_id, by in seen.items()}
 
 
 def place(
@@ -401,8 +403,11 @@ def idle_problems(
     return []
 
 
-def price(held: list[Held], victim: Worker, signalled_at: float) -> list[dict[str, object]]:
-    """What the loss cost each stream: the time from the fault's first signal to its first
+def price(
+    held: list[Held], victim: Worker, signalled_at: float, served: dict[str, list[str]]
+) -> list[dict[str, object]]:
+    """Each request's workers (`served`: those whose logs received it, in order), and what the
+    loss cost each stream: the time from the fault's first signal to its first
     token after the longest pause that followed (`history.resumption_s`: for a request the fault
     cut, the migration's pause; for another, the disturbance), and its largest gap between
     tokens before the signal and after it."""
@@ -412,6 +417,7 @@ def price(held: list[Held], victim: Worker, signalled_at: float) -> list[dict[st
         row: dict[str, object] = {
             "n": h.n,
             "worker": h.worker,
+            "workers": served.get(str(h.request.request_id), []),
             "cut": h.worker == victim.name,
             "state": h.state,
             "stream": h.request.stream,

@@ -101,18 +101,21 @@ def late_counts(
     return late_count_problems(expected, judged, final, mode)
 
 
-def record_response(inflight: InFlight, history: History) -> None:
+def record_response(inflight: InFlight, history: History, **label: object) -> None:
     """What the client saw, at the times it saw it: headers, each chunk with its content, and
-    how the response ended."""
+    how the response ended. `label` goes on each event: which of many requests it was."""
     response = inflight.response
     if response.headers_at is not None:
-        history.record_at("response_headers", response.headers_at, status=response.status)
+        history.record_at("response_headers", response.headers_at, status=response.status, **label)
     for n, chunk in enumerate(response.chunks, 1):
         finish = chunk.choice.get("finish_reason")
         extra = {"finish_reason": finish} if finish else {}
-        history.record_at("chunk", chunk.at, n=n, text=chunk.text, **extra)
+        history.record_at("chunk", chunk.at, n=n, text=chunk.text, **label, **extra)
     failed = response.error is not None or response.exception is not None
-    history.record("response_finished", failed=failed, response=response.summary())
+    ended = response.finished_at if response.finished_at is not None else time.monotonic()
+    history.record_at(
+        "response_finished", ended, failed=failed, response=response.summary(), **label
+    )
 
 
 def settled_counts(

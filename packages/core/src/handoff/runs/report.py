@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from handoff.errors import HandoffError
+from handoff.runs.lanes import lanes_svg
 from handoff.runs.results import CaseRecord, RunResults, tally
 
 HTML_FILE = "report.html"
@@ -142,7 +143,7 @@ td.num { text-align: right; }
 .pass { color: #18794e; font-weight: 600; } .fail { color: #c62828; font-weight: 600; }
 .failure { border-left: 4px solid #c62828; padding: 4px 12px; background: #fff5f5; }
 pre { white-space: pre-wrap; margin: 4px 0; font-size: 12px; }
-svg.timeline { display: block; max-width: 100%; height: auto; background: #fafafa;
+svg.timeline, svg.lanes { display: block; max-width: 100%; height: auto; background: #fafafa;
   border: 1px solid #ddd; }
 .phases { color: #555; }
 """
@@ -222,7 +223,7 @@ def case_section(n: int, case: CaseRecord, run_dir: Path) -> str:
             "</div>",
         ]
     events, why = load_history(run_dir, case)
-    parts += [timeline_svg(case.key, events, why), "</section>"]
+    parts += [timeline_svg(case.key, events, why), lanes_svg(case.key, events), "</section>"]
     return "\n".join(parts)
 
 
