@@ -296,6 +296,11 @@ class Pool:
         self.spares.append(successor)
         return successor
 
+    def add_worker(self, role: str) -> Worker:
+        """A worker of `role` started now in the pool's own discovery folder, so that a running
+        frontend lists it once it registers: a replacement in a soak (benchmarks/load_soak.py)."""
+        return self._start_worker(role)
+
     def replace_beside_case(self, worker: Worker) -> Worker | None:
         """`replace` while the worker's case still runs; a pool that keeps no spare leaves it
         to `give_back`, so that nothing but the case's own processes runs beside the case
