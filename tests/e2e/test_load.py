@@ -2,12 +2,15 @@
 them, or migrates none, fails the load case for that reason, each request it concerns named."""
 
 import re
+import signal
 import threading
 from typing import ClassVar
 
 from handoff import client, faults, runner
 from handoff.cases import Case
 from handoff.policies import POLICIES
+from handoff.polling import Deadline, poll_until
+from handoff.responses import load
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -99,3 +102,39 @@ def test_a_worker_that_freezes_instead_of_dying_leaves_its_requests_hung_each_na
     events = {e.name: e for e in result.history.events}
     waited = events["teardown_done"].at - events["fault_sent"].at
     assert events["response_bound"].data["seconds"] <= waited < TIMEOUT_S - 15
+
+
+def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migration(
+    tmp_path, monkeypatch
+):
+    """Once a cut request has moved, the worker it moved to is SIGKILLed too: that request
+    migrates a second time, with the other's, and the exact counters fail the case."""
+    seen: dict[str, object] = {}
+    busiest, inject = load.busiest, faults.inject
+
+    def noted(held, workers):
+        seen.update(held=held, workers=workers)
+        return busiest(held, workers)
+
+    def and_again(fault, holder, *args, **kwargs):
+        report = inject(fault, holder, *args, **kwargs)
+        ids = {h.request.request_id for h in seen["held"]}
+
+        def moved_to():
+            twice = [w for w in load.received(seen["workers"], ids).values() if len(w) > 1]
+            return (twice[0][-1] if twice else None), "no request received twice yet"
+
+        second = poll_until(moved_to, Deadline(30), "a cut request to reach another worker")
+        taker = next(w for w in seen["workers"] if w.name == second)
+        seen["second"] = taker.name
+        taker.process.signal_tree(signal.SIGKILL)
+        return report
+
+    monkeypatch.setattr(load, "busiest", noted)
+    monkeypatch.setattr(faults, "inject", and_again)
+    result = runner.run_case(MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
+    assert not result.verdict.passed and "second" in seen
+    counted = re.search(
+        r"migration counter ongoing_request = (\d+), expected 3", " ".join(result.verdict.reasons)
+    )
+    assert counted and int(counted.group(1)) > 3, result.verdict.reasons
