@@ -19,13 +19,20 @@ SETTINGS = Settings(keep_logs=True)
 TIMEOUT_S = 90
 
 
+class ShortLoad(MockerBackend):
+    """Requests of 400 tokens, not 900: what these checks need of a load case, at half its
+    CPU; and the bound, which allows each of them again, comes sooner."""
+
+    defaults: ClassVar[dict[str, object]] = {**MockerBackend.defaults, "max_tokens": {"load": 400}}
+
+
 def event(result, name: str) -> dict:
     return next(e for e in result.history.events if e.name == name).data
 
 
 def test_migration_secretly_off_fails_each_cut_request_and_the_counts(tmp_path):
     result = runner.run_case(
-        MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S, POLICIES["migration_disabled"]
+        ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S, POLICIES["migration_disabled"]
     )
     assert not result.verdict.passed
     victim = event(result, "fault_sent")["worker"]
@@ -67,17 +74,11 @@ def test_a_stream_the_client_drops_is_one_request_lost_and_named(tmp_path, monke
 
     monkeypatch.setattr(faults, "inject", injected)
     monkeypatch.setattr(client, "_read_stream", drop_one)
-    result = runner.run_case(MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
+    result = runner.run_case(ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
     assert landed.is_set() and not result.verdict.passed
     named = [r for r in result.verdict.reasons if r.startswith("request ")]
     assert len({r.split(" (")[0] for r in named}) == 1, result.verdict.reasons
     assert "finish_reason None, expected 'length'" in named[0]
-
-
-class ShortLoad(MockerBackend):
-    """Requests of 400 tokens: the bound, which allows each of them again, comes sooner."""
-
-    defaults: ClassVar[dict[str, object]] = {**MockerBackend.defaults, "max_tokens": {"load": 400}}
 
 
 def test_a_worker_that_freezes_instead_of_dying_leaves_its_requests_hung_each_named(
@@ -132,7 +133,7 @@ def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migrati
 
     monkeypatch.setattr(load, "busiest", noted)
     monkeypatch.setattr(faults, "inject", and_again)
-    result = runner.run_case(MockerBackend(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
+    result = runner.run_case(ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
     assert not result.verdict.passed and "second" in seen
     counted = re.search(
         r"migration counter ongoing_request = (\d+), expected 3", " ".join(result.verdict.reasons)
