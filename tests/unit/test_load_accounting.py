@@ -31,7 +31,8 @@ MAX_TOKENS = 900
 
 def held(n: int, worker: str, stream: bool, tokens: int = 0) -> Held:
     request = Request("chat", stream, "m", f"t{100 + n}", MAX_TOKENS, f"id-{n}")
-    response = Response(chunks=[Chunk(0.01 * i, {}) for i in range(tokens)])
+    token = {"choices": [{"delta": {"content": " t1"}}]}
+    response = Response(chunks=[Chunk(0.01 * i, token) for i in range(tokens)])
     inflight = SimpleNamespace(request=request, response=response, finished=False)
     return Held(n, inflight, worker)
 

@@ -243,7 +243,7 @@ def settled(mine: list[Held], decoding_at_once: int | None, in_flight_tokens: in
     """Whether one worker's requests read as decoding or queued beyond doubt: every stream with
     tokens has `in_flight_tokens`, and neither kind of stream outnumbers its slots."""
     queue = max(len(mine) - decoding_at_once, 0) if decoding_at_once else 0
-    streams = [len(h.inflight.response.chunks) for h in mine if h.request.stream]
+    streams = [h.inflight.response.content_chunks for h in mine if h.request.stream]
     started = [n for n in streams if n]
     return (
         all(n >= in_flight_tokens for n in started)
@@ -257,7 +257,7 @@ def classify(held: list[Held], decoding_at_once: int | None) -> None:
     request, which shows none before its end, by what its worker's slots leave for it, or
     `UNKNOWN` where they leave room for either."""
     for h in held:
-        h.chunks_at_fault = len(h.inflight.response.chunks)
+        h.chunks_at_fault = h.inflight.response.content_chunks
         if h.request.stream:
             h.state = DECODING if h.chunks_at_fault else QUEUED
     for worker in {h.worker for h in held}:
@@ -290,8 +290,8 @@ def load_bound(
     """How long after the fault every response must have ended: the fault's own wait, then
     every request's whole output again, `waits.RESPONSE_SLOWER_BY` times slower than the
     slowest stream decoding when it was placed, counted from the requests' sending (or the
-    backend's own `whole_s`), in as many rounds
-    as the surviving workers' decoding slots need, and `waits.RESPONSE_FIXED_S` for the moves."""
+    backend's own `whole_s`), in as many rounds as the surviving workers' decoding slots need,
+    and `waits.RESPONSE_FIXED_S` for the moves."""
     wait_s, waits_for = waits.fault_wait(case.fault, case.plane, settings)
     max_tokens = held[0].request.max_tokens
     streams = [h for h in held if h.request.stream and h.state == DECODING]
