@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from handoff import metrics
-from handoff.backend import INFLIGHT, Worker
+from handoff.backend import Backend, Worker
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
@@ -89,7 +89,7 @@ def soak(
                 str(uuid.uuid4()),
             )  # fmt: skip
             sent.append(InFlight(deployment.base_url, request, read_s))
-        if now >= next_kill and (victim := busiest(live)):
+        if now >= next_kill and (victim := busiest(deployment.backend, live)):
             victim.process.signal_tree(signal.SIGKILL)
             kills.append((time.monotonic() - started, victim.name))
             victim.process.wait_gone(Deadline(10))
@@ -99,13 +99,11 @@ def soak(
     return sent, kills
 
 
-def busiest(workers: list[Worker]) -> Worker | None:
-    """The worker with the most requests in flight; None while any gauge cannot be read (a new
+def busiest(backend: Backend, workers: list[Worker]) -> Worker | None:
+    """The worker with the most requests in flight; None while any cannot be read (a new
     worker still starting): unknown, so the kill waits for the next tick."""
     try:
-        inflight = metrics.worker_sums(
-            {w.name: w.ports["system"] for w in workers}, INFLIGHT, {"dynamo_endpoint": "generate"}
-        )
+        inflight = backend.in_flight(workers)
     except metrics.Unanswered:
         return None
     return max(workers, key=lambda w: inflight[w.name])

@@ -208,12 +208,16 @@ class Backend(ABC):
         `profiled_vram_gib` and their KV cap (e.g. `requested_vllm_kv_cache_bytes`)."""
         return {TIMEOUT_MARKER: float(self.setting("case_timeout_s"))}
 
-    def holders(self, workers: Sequence[Worker]) -> list[Worker]:
-        """The workers that report a request in flight right now, from their own state: by
-        default the in-flight gauge on each worker's `system` port. Raises
-        `metrics.Unanswered` when any does not answer: whether it holds one is unknown."""
+    def in_flight(self, workers: Sequence[Worker]) -> dict[str, float]:
+        """The requests each worker reports in flight right now (queued ones included), by
+        name, from its own state: by default the in-flight gauge on its `system` port. Raises
+        `metrics.Unanswered` when any does not answer: what it holds is unknown."""
         ports = {w.name: w.ports["system"] for w in workers}
-        inflight = worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+        return worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+
+    def holders(self, workers: Sequence[Worker]) -> list[Worker]:
+        """The workers that report a request in flight right now (`in_flight`)."""
+        inflight = self.in_flight(workers)
         return [w for w in workers if inflight[w.name] > 0]
 
     def reference(self, api: str, shape: Shape) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from handoff import continuity, faults, metrics
-from handoff.backend import INFLIGHT, Backend, Worker
+from handoff.backend import Backend, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
@@ -101,7 +101,7 @@ def exercise_load(
     )
     targets = [w for w in deployment.workers if w.role == where.target_role]
     decoding_at_once = backend.decoding_at_once(case)
-    place(held, targets, decoding_at_once, settings.in_flight_tokens, deadline)
+    place(held, backend, targets, decoding_at_once, settings.in_flight_tokens, deadline)
     proven_at = time.monotonic()
     victim = busiest(held, targets)
     victims = [h for h in held if h.worker == victim.name]
@@ -199,6 +199,7 @@ def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
 
 def place(
     held: list[Held],
+    backend: Backend,
     workers: list[Worker],
     decoding_at_once: int | None,
     in_flight_tokens: int,
@@ -206,11 +207,11 @@ def place(
 ) -> None:
     """Wait until every request is placed by its worker's own state, and settled: one
     worker's log names it, each worker's in-flight gauge equals the requests its log names,
-    and on each worker the streams with tokens (each with `in_flight_tokens` at least) and the
+    (`Backend.in_flight`), and on each worker the streams with tokens (each with
+    `in_flight_tokens` at least) and the
     streams with none are as many as its decoding slots and its queue allow. A request that
     ends first, or one that two workers name, fails the case."""
     ids = {h.request.request_id: h for h in held}
-    ports = {w.name: w.ports["system"] for w in workers}
 
     def probe() -> tuple[bool | None, str]:
         if ended := [h.label() for h in held if h.inflight.finished]:
@@ -219,17 +220,17 @@ def place(
         if twice := {i: w for i, w in seen.items() if len(w) > 1}:
             raise CaseFailure(f"requests received by more than one worker before a fault: {twice}")
         try:
-            gauges = metrics.worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+            gauges = backend.in_flight(workers)
         except metrics.Unanswered as exc:
             return None, str(exc)
         names = Counter(w[0] for w in seen.values())
-        if len(seen) < len(held) or any(gauges[w] != names[w] for w in ports):
+        if len(seen) < len(held) or any(gauges[w] != names[w] for w in gauges):
             return None, f"{len(seen)} of {len(held)} requests in a worker's log; gauges {gauges}"
         for request_id, (worker,) in seen.items():
             ids[request_id].worker = worker
         unsettled = [
             worker
-            for worker in ports
+            for worker in gauges
             if not settled(
                 [h for h in held if h.worker == worker], decoding_at_once, in_flight_tokens
             )
@@ -382,7 +383,7 @@ def idle_problems(
     """After the last response, the frontend's in-flight gauge and every surviving worker's
     must fall to 0: a request still counted is one no client waits for. A gauge that cannot be
     read is unknown, and polled again; a frontend that exports none fails the case."""
-    ports = {w.name: w.ports["system"] for w in deployment.workers if w is not victim}
+    survivors = [w for w in deployment.workers if w is not victim]
 
     def probe() -> tuple[bool | None, str]:
         text = metrics.scrape(metrics_url)
@@ -392,7 +393,7 @@ def idle_problems(
                 f"request is unknown"
             )
         try:
-            gauges = metrics.worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+            gauges = deployment.backend.in_flight(survivors)
         except metrics.Unanswered as exc:
             return None, str(exc)
         gauges["the frontend"] = metrics.sample_sum(text, FRONTEND_INFLIGHT)
