@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -195,6 +195,13 @@ def first_divergence(expected: str, received: str) -> int | None:
     return None if len(expected) == len(received) else min(len(expected), len(received))
 
 
+def receipts(log: Path) -> Iterator[tuple[str, str]]:
+    """(timestamp, request id) of each `request received` line of a worker's log, in order."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "request received" in line and (found := RECEIVED.match(ANSI.sub("", line))):
+            yield found.group(1), found.group(2)
+
+
 def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:
     """The worker among `logs` (name -> log file) that logged receiving the request last, and
     when, on the monotonic clock; None if none did. A worker logs the line before it generates,
@@ -203,10 +210,9 @@ def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:
     wall_minus_monotonic = time.time() - time.monotonic()
     seen = []
     for name, path in logs.items():
-        for line in path.read_text(errors="replace").splitlines():
-            found = RECEIVED.match(ANSI.sub("", line)) if request_id in line else None
-            if found and found.group(2) == request_id:
-                wall = datetime.fromisoformat(found.group(1)).timestamp()
+        for stamp, received_id in receipts(path):
+            if received_id == request_id:
+                wall = datetime.fromisoformat(stamp).timestamp()
                 seen.append((wall - wall_minus_monotonic, name))
     if not seen:
         return None

@@ -188,12 +188,9 @@ def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
     and after a move the worker it moved to."""
     seen: dict[str, list[tuple[str, str]]] = {}
     for worker in workers:
-        for line in worker.process.log_path.read_text(errors="replace").splitlines():
-            if "request received" not in line:
-                continue
-            found = continuity.RECEIVED.match(continuity.ANSI.sub("", line))
-            if found and found.group(2) in ids:
-                seen.setdefault(found.group(2), []).append((found.group(1), worker.name))
+        for stamp, request_id in continuity.receipts(worker.process.log_path):
+            if request_id in ids:
+                seen.setdefault(request_id, []).append((stamp, worker.name))
     return {request_id: [name for _, name in sorted(by)] for request_id, by in seen.items()}
 
 
