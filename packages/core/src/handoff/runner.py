@@ -35,6 +35,7 @@ from handoff.responses.waits import (
     CLIENT_GRACE_S,
     RESPONSE_FIXED_S,
     RESPONSE_SLOWER_BY,
+    FirstMigration,
     Settings,
     fault_wait,
     last_token,
@@ -718,21 +719,16 @@ def await_response(
 ) -> None:
     """Wait for the response to end, noting when the frontend first counts a migration (and
     calling `on_migration` then)."""
-    seen: list[metrics.MigrationCounts] = []
+    migration = FirstMigration(metrics_url, model, before, history)
     checked = [time.monotonic()]
 
     def probe() -> tuple[bool | None, str]:
-        if not seen or time.monotonic() - checked[0] > FRONTEND_CHECK_S:
+        if migration.seen is None or time.monotonic() - checked[0] > FRONTEND_CHECK_S:
             # Read until the migration shows, then once a second: a frontend that stops
             # answering while the client waits fails the case in seconds, by name.
             checked[0] = time.monotonic()
-            scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-            counts = scraped.since(before)
-            if not seen and counts.ongoing_request + counts.new_request:
-                seen.append(counts)
-                history.record("migration_seen", **counts.as_dict())
-                if on_migration:
-                    on_migration()
+            if migration.read() and on_migration:
+                on_migration()
         return (True if inflight.finished else None), inflight.response.summary()
 
     poll_until(probe, deadline, "the response to finish")

@@ -321,14 +321,11 @@ def await_all(
 ) -> None:
     """Wait for every response to end, noting when the frontend first counts a migration; one
     still open at the bound fails the case as hung, naming it, its worker and its last token."""
-    seen: list[metrics.MigrationCounts] = []
+    migration = waits.FirstMigration(metrics_url, model, before, history)
 
     def probe() -> tuple[bool | None, str]:
-        if not seen:
-            counts = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-            if (moved := counts.since(before)).ongoing_request + moved.new_request:
-                seen.append(moved)
-                history.record("migration_seen", **moved.as_dict())
+        if migration.seen is None:
+            migration.read()
         still = [h.n for h in held if not h.inflight.finished]
         return (None if still else True), f"requests {still} open"
 

@@ -101,6 +101,32 @@ def late_counts(
     return late_count_problems(expected, judged, final, mode)
 
 
+class FirstMigration:
+    """The frontend's counters read while responses run, until they first show a move: that
+    moment is recorded (`migration_seen`), once."""
+
+    def __init__(
+        self, metrics_url: str, model: str, before: metrics.MigrationCounts, history: History
+    ) -> None:
+        self.metrics_url, self.model, self.before, self.history = (
+            metrics_url,
+            model,
+            before,
+            history,
+        )
+        self.seen: metrics.MigrationCounts | None = None
+
+    def read(self) -> bool:
+        """Read the counters once; True when this reading is the first to show a move."""
+        scraped = metrics.MigrationCounts.parse(metrics.scrape(self.metrics_url), self.model)
+        counts = scraped.since(self.before)
+        if self.seen is not None or not counts.ongoing_request + counts.new_request:
+            return False
+        self.seen = counts
+        self.history.record("migration_seen", **counts.as_dict())
+        return True
+
+
 def record_response(inflight: InFlight, history: History, **label: object) -> None:
     """What the client saw, at the times it saw it: headers, each chunk with its content, and
     how the response ended. `label` goes on each event: which of many requests it was."""
