@@ -13,7 +13,9 @@ NO_DRAIN = Restriction("fault", ("worker_failure",), "this engine cannot drain")
 class NoGracefulShutdown(Backend):
     name = "no-drain"
     version = "0"
-    topologies = {t: ("aggregate", "aggregate") for t in ("aggregate", "decode", "kv_transfer")}
+    topologies = {
+        t: ("aggregate", "aggregate") for t in ("aggregate", "decode", "kv_transfer", "load")
+    }
     restrictions = (NO_DRAIN,)
 
     def check_environment(self): ...
@@ -22,7 +24,7 @@ class NoGracefulShutdown(Backend):
     def worker(self, role, case, model, ports, folder): ...
 
 
-@pytest.mark.parametrize("name", ["aggregate", "decode", "kv_transfer"])
+@pytest.mark.parametrize("name", ["aggregate", "decode", "kv_transfer", "load"])
 @pytest.mark.parametrize("chosen", ["pre_merge", "nightly"])
 def test_restricted_rows_are_never_generated_and_the_promise_holds(name, chosen):
     backend = NoGracefulShutdown()

@@ -77,10 +77,10 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
     ],
     "load": [
-        "migration_enabled-worker_failure-chat-nats",
+        "migration_enabled-worker_stall-chat-nats",
         "migration_disabled-worker_failure-completion-tcp",
         "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
-        "max_seq_len_not_exceeded-graceful_shutdown-completion-nats",
+        "max_seq_len_not_exceeded-partition-completion-nats",
     ],
 }
 
@@ -166,6 +166,17 @@ def test_each_value_promise_names_a_missing_value():
     rows = selection("kv_transfer", "pre_merge")[:1]
     missing = unmet("kv_transfer", rows, promise("kv_transfer", "pre_merge"))
     assert missing == ["fault=graceful_shutdown", "response=unary", "plane=tcp"]
+
+
+def test_a_lifecycle_promise_names_each_lifecycle_a_selection_lacks():
+    rows = selection("load", "pre_merge")
+    assert unmet("load", rows[1:], promise("load", "pre_merge")) == [
+        "api=chat & plane=nats",
+        "policy=migration_enabled",
+        "fault=worker_stall",
+    ]
+    # A fault the promise does not name is never asked for.
+    assert "fault=broker_loss" not in unmet("load", [], promise("load", "pre_merge"))
 
 
 def test_a_restricted_value_is_never_reported_missing():

@@ -1,6 +1,7 @@
 """The accounting of a load case on requests this test places: where each request is, whether
 it was decoding or queued at the fault, what the counters must rise by, and the bound."""
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -8,7 +9,7 @@ import pytest
 
 from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History, percentile, resumption_s
 from handoff.policies import expected_outcome
 from handoff.responses.load import (
@@ -23,8 +24,9 @@ from handoff.responses.load import (
     received,
     settled,
 )
-from handoff.responses.waits import Settings
+from handoff.responses.waits import QUEUE_WAIT_SLOWER_BY, Settings, sized_for_queues
 from handoff.runs.report import _cells
+from handoff_mocker import MockerBackend
 
 MAX_TOKENS = 900
 
@@ -173,3 +175,31 @@ def test_the_pause_is_measured_to_the_token_after_the_longest_gap_from_the_fault
 
 def test_a_percentile_is_one_of_the_values():
     assert [percentile([3.0, 1.0, 2.0], q) for q in (1, 50, 99)] == [1.0, 2.0, 3.0]
+
+
+STALL = Case.from_id("migration_enabled-worker_stall-chat-nats", "load")
+
+
+def test_a_silent_fault_under_load_gets_a_stream_timeout_longer_than_its_queues():
+    backend, settings = MockerBackend(), Settings()
+    sized = sized_for_queues(STALL, settings, backend)
+    whole_s = backend.nominal_response_s(STALL, backend.shape(STALL, 0))
+    # 8 requests on 2 surviving workers of 2 slots: one round waits queued behind another.
+    assert sized.stream_timeout_s >= QUEUE_WAIT_SLOWER_BY * whole_s > settings.stream_timeout_s
+    assert (
+        sized_for_queues(STALL, replace(settings, stream_timeout_s=60), backend).stream_timeout_s
+        == 60
+    )
+    kill = Case.from_id("migration_enabled-worker_failure-chat-nats", "load")
+    one_request = Case.from_id("migration_enabled-worker_stall-chat-stream-nats")
+    assert sized_for_queues(kill, settings, backend) == settings
+    assert sized_for_queues(one_request, settings, backend) == settings
+
+
+def test_a_backend_that_cannot_tell_its_speed_cannot_size_the_timeout():
+    class Unknown(MockerBackend):
+        def nominal_response_s(self, case, shape):
+            return None
+
+    with pytest.raises(HandoffError, match="stream timeout of load/migration_enabled-worker_stall"):
+        sized_for_queues(STALL, Settings(), Unknown())

@@ -12,7 +12,7 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.polling import Timeout
-from handoff.runner import await_unlisted, unrejoined
+from handoff.responses.recovery import await_unlisted, unrejoined
 
 HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"
 TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to serve a request again")

@@ -109,11 +109,18 @@ class Restriction:
 @dataclass(frozen=True)
 class Promise:
     """The coverage a selection promises: every allowed pair of values among the axes in
-    `pairs_over`, and every allowed value of each axis in `each_value_of`."""
+    `pairs_over`, every allowed value of each axis in `each_value_of`, and each of the named
+    values of an axis in `values_of` that is allowed."""
 
     pairs_over: tuple[str, ...] = ()
     each_value_of: tuple[str, ...] = ()
     triples_over: tuple[str, ...] = ()
+    values_of: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def cells(self) -> tuple[tuple[str, str], ...]:
+        """`values_of` as (axis, value) cells."""
+        return tuple((axis, v) for axis, values in self.values_of for v in values)
 
     def describe(self) -> str:
         parts = []
@@ -123,6 +130,8 @@ class Promise:
             parts.append("every pair over " + ", ".join(self.pairs_over))
         if self.each_value_of:
             parts.append("every value of " + ", ".join(self.each_value_of))
+        for axis, values in self.values_of:
+            parts.append(f"each {axis} of " + ", ".join(values))
         return "; ".join(parts)
 
 
@@ -167,6 +176,15 @@ class Topology:
 #: What a pre-merge selection of a few rows promises where the rows cannot cover every policy
 #: in pairs: every pair over fault, api and plane, and every policy once.
 FEW_ROWS_PROMISE = Promise(pairs_over=("fault", "api", "plane"), each_value_of=("policy",))
+
+#: What a pre-merge selection of four rows under load promises: each lifecycle of a worker
+#: fault once (a kill, a drain, a stall, a cut), every policy, and every pair of api and plane.
+#: Four rows hold no more: the broker's faults and the expired drain under load are nightly.
+LIFECYCLES_PROMISE = Promise(
+    pairs_over=("api", "plane"),
+    each_value_of=("policy",),
+    values_of=(("fault", ("worker_failure", "graceful_shutdown", "worker_stall", "partition")),),
+)
 
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
@@ -316,19 +334,19 @@ TOPOLOGIES: dict[str, Topology] = {
                 ),
                 Restriction(
                     "fault",
-                    KILLS,
-                    "the stall, partition, broker and expired-drain lifecycles are qualified "
-                    "one request at a time; under load they are not built yet",
+                    tuple(f for f in FAULTS if f != PAST_LEASE),
+                    "a discovery lease is a worker's however many requests it holds: the "
+                    "aggregate cases qualify what its lapse does",
                 ),
             ),
             omitted_from_id=("response",),
             pre_merge_ids=(
-                "migration_enabled-worker_failure-chat-nats",
+                "migration_enabled-worker_stall-chat-nats",
                 "migration_disabled-worker_failure-completion-tcp",
                 "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
-                "max_seq_len_not_exceeded-graceful_shutdown-completion-nats",
+                "max_seq_len_not_exceeded-partition-completion-nats",
             ),
-            pre_merge_promise=FEW_ROWS_PROMISE,
+            pre_merge_promise=LIFECYCLES_PROMISE,
             load=True,
         ),
     )
@@ -472,6 +490,7 @@ def selection(topology_name: str, name: str, backend: Runner | None = None) -> t
         allowed_rows(values),
         where.pre_merge_promise.pairs_over,
         where.pre_merge_promise.each_value_of,
+        where.pre_merge_promise.cells,
     )
     return tuple(kept) + tuple(Case(**row, topology=topology_name) for row in rows)
 
@@ -509,7 +528,7 @@ def unmet(
     """
     covering = model(allowed(topology_name, backend))
     rows = [c.row() for c in cases]
-    lines = shortfall(covering, rows, kept.pairs_over, kept.each_value_of).lines()
+    lines = shortfall(covering, rows, kept.pairs_over, kept.each_value_of, kept.cells).lines()
     if kept.triples_over:
         lines += [format_interaction(t) for t in missing(covering, rows, 3, kept.triples_over)]
     return lines

@@ -240,11 +240,16 @@ def show_coverage(
     wanted = [(3, kept.triples_over), (2, kept.pairs_over)] + [
         (1, (a,)) for a in kept.each_value_of
     ]
-    for strength, axes in wanted:
-        if len(axes) < strength:
-            continue
-        for cells, first in trace(covering, rows, strength, axes):
-            print(f"{format_interaction(cells):<80} {'-' if first is None else first + 1}")
+    traced = [
+        t for strength, axes in wanted if len(axes) >= strength
+        for t in trace(covering, rows, strength, axes)
+    ]  # fmt: skip
+    traced += [
+        t for axis in sorted({a for a, _ in kept.cells})
+        for t in trace(covering, rows, 1, (axis,)) if t[0][0] in kept.cells
+    ]  # fmt: skip
+    for cells, first in traced:
+        print(f"{format_interaction(cells):<80} {'-' if first is None else first + 1}")
     return 1 if missing else 0
 
 

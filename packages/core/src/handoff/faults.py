@@ -6,6 +6,7 @@ import ipaddress
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import psutil
 
@@ -45,6 +46,14 @@ WORKER_ENV = {
         {"DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": str(DRAIN_TIMEOUT_S)},
     ),
 }
+
+
+class Watched(Protocol):
+    """What a fault must land before the end of: one response (`InFlight`), or a load case's
+    requests on the worker it faults."""
+
+    @property
+    def finished(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ def prove_in_flight(
 def inject(
     fault: str,
     holder: Worker,
-    inflight: InFlight,
+    inflight: Watched,
     graceful_bound_s: float,
     deadline: Deadline,
     broker: ManagedProcess | None = None,
@@ -197,8 +206,14 @@ def inject(
     return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
 
 
+def faulted_process(fault: str, holder: Worker, broker: ManagedProcess | None) -> ManagedProcess:
+    """What `fault` signals: the deployment's nats-server for the broker's faults, else the
+    holder's process."""
+    return broker if fault in BROKER and broker else holder.process
+
+
 def fault_broker(
-    fault: str, broker: ManagedProcess, inflight: InFlight, deadline: Deadline
+    fault: str, broker: ManagedProcess, inflight: Watched, deadline: Deadline
 ) -> FaultReport:
     done_before = inflight.finished
     if fault == "broker_stall":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -14,39 +13,39 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
+from handoff.cases import BROKER, PAST_LEASE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
-from handoff.deployment import Deployment, silent
+from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.machine.pace import measure_pace, response_bound_s, sized_to
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     KNOWN_DEFECTS,
-    SERVICE_UNAVAILABLE,
     Policy,
     expected_outcome,
     policy,
 )
 from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
-from handoff.responses import load
+from handoff.responses import load, recovery
 from handoff.responses.waits import (
     CLIENT_GRACE_S,
     RESPONSE_FIXED_S,
     RESPONSE_SLOWER_BY,
     FirstMigration,
     Settings,
+    fault_env,
     fault_wait,
     last_token,
     late_counts,
     record_response,
     settled_counts,
+    sized_for_queues,
 )
 from handoff.verdict import (
     Verdict,
     against_known_defect,
-    carries,
     judge,
     transfer_problems,
 )
@@ -59,32 +58,6 @@ TRANSFER_COUNT_WAIT_S = 5.0
 FRONTEND_CHECK_S = 1.0
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
 EXIT_WAIT_S = 1.0
-#: The frontend's inactivity timeout on a worker's response stream, in whole seconds. Unset,
-#: Dynamo 1.6.1 keeps a stalled worker's stream open for as long as the stall lasts.
-STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
-#: How long a resumed worker may take to serve a request again: the frontend avoids a worker
-#: that failed for about 5 s (docs/known-issues.md).
-REJOIN_BOUND_S = 15.0
-#: How long a stopped worker may stay listed by the frontend: on Dynamo 1.6.1 its file-store
-#: lease ran out about 10 s after the stop (docs/known-issues.md).
-LEASE_BOUND_S = 30.0
-#: What the resumed worker is asked, one short request at a time, until it serves one.
-REJOIN_TOKENS = 4
-#: The frontend's NATS request timeout in the broker's cases, in whole seconds: a new request
-#: sent while the broker is down is refused once its attempts have timed out, after about 40 s
-#: at Dynamo 1.6.1's default of 10 s (docs/known-issues.md).
-NATS_TIMEOUT_ENV = "DYN_NATS_REQUEST_TIMEOUT_SECS"
-BROKER_REQUEST_TIMEOUT_S = 2
-#: How long that refusal may take: every attempt the migration limit allows, each a timeout,
-#: BROKER_REFUSAL_SLOWER_BY times slower, and BROKER_REFUSAL_FIXED_S.
-BROKER_REFUSAL_SLOWER_BY = 2.0
-BROKER_REFUSAL_FIXED_S = 5.0
-#: How long new requests may fail once the broker is back: the first succeeded 3.1-3.9 s after
-#: a restart (docs/known-issues.md); a request that waits on a NATS timeout takes 10 s.
-RECOVERY_BOUND_S = 30.0
-#: The longest a probe of the recovery waits for its answer: a request published while the
-#: frontend's NATS client reconnects fails over only after four 10 s attempts.
-PROBE_READ_S = 12.0
 
 
 @dataclass
@@ -123,6 +96,7 @@ def run_case(
         # A Ctrl-C that Python swallowed in a finalizer still stops the case at its next wait.
         with interruptible():
             roles = roles or backend.roles(case.topology)
+            settings = sized_for_queues(case, settings, backend)
             env = fault_env(case, settings) if frontend_env is None else frontend_env
             history.record("launch", roles=list(roles), frontend_env=env)
             pool = pools.pool_for(backend, case, roles) if pools else None
@@ -189,17 +163,6 @@ def clock_stepped(verdict: Verdict, step_s: float, history: History) -> Verdict:
         verdict.notes.append(step_reason(step_s))
         return verdict
     return Verdict(False, [step_reason(step_s), *verdict.reasons], verdict.phase, verdict.notes)
-
-
-def fault_env(case: Case, settings: Settings) -> dict[str, str]:
-    """What bounds the fault's wait at the frontend. A stall or a partition is silence on the
-    worker's response stream: the frontend's inactivity timeout ends it. A lost broker leaves a
-    new request waiting on NATS: the NATS request timeout ends it."""
-    if case.fault in SILENT:
-        return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
-    if case.fault in BROKER:
-        return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
-    return {}
 
 
 def teardown(deployment: Deployment | None, history: History) -> list[str]:
@@ -340,40 +303,12 @@ def exercise(
     seen, proven_at = tokens_seen(), time.monotonic()
     if where.proves_kv_transfer and not counted_early:
         evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
-    broker = deployment.pool.nats
-    faulted = broker if case.fault in BROKER and broker else holder.process
-    history.record(
-        "fault_sent",
-        fault=case.fault,
-        signal=faults.FIRST_SIGNAL[case.fault],
-        worker=holder.name if faulted is holder.process else faulted.name,
-        pid=faulted.pid,
+    fault = recovery.send_fault(
+        case.fault, holder, inflight, settings, deadline, deployment.pool.nats, history
     )
-    fault = faults.inject(case.fault, holder, inflight, settings.graceful_bound_s, deadline, broker)
     faulted_at = time.monotonic()
-    resumed: list[str] = []
-
-    def resume() -> None:
-        """A stalled or cut-off holder is healed once the frontend has counted the move: the
-        response may still be streaming from its successor, and must take no late token from
-        it. Any later, a stall outlives the worker's discovery lease on a slow engine (vLLM on
-        a CPU), and Dynamo 1.6.1 never routes to it again (docs/known-issues.md)."""
-        if not resumed:
-            dropped = fault.cut.dropped() if fault.cut else None
-            faults.heal(holder, fault)
-            resumed.append(holder.name)
-            history.record("worker_resumed", worker=holder.name, packets_dropped=dropped)
-
-    if case.fault in STALLS:
-        history.record("worker_stopped", signals=list(fault.signals))
-    elif fault.cut is not None:
-        history.record("worker_cut_off", table=fault.cut.table, rules=len(fault.cut.flows))
-    elif case.fault in BROKER:
-        history.record("broker_faulted", signals=list(fault.signals))
-    else:
-        history.record("worker_gone", signals=list(fault.signals))
-        if successor := deployment.replace(holder):
-            history.record("successor_started", worker=successor)
+    recovery.record_fault(deployment, holder, fault, history)
+    resume = recovery.Heal(holder, fault, history)
     why = bound and (
         f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
         f"slowest measured {pace.slowest:.0f} tokens/s allow"
@@ -449,15 +384,14 @@ def exercise(
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
     if case.fault == PAST_LEASE:
-        await_unlisted(deployment, holder, faulted_at, history)
+        recovery.await_unlisted(deployment, holder, faulted_at, history)
     if case.fault in SILENT:
         resume()  # if the frontend never counted the move
-        evidence += rejoin_problems(deployment, holder, request, history)
+        evidence += recovery.rejoin_problems(deployment, holder, request, history)
     if case.fault == PAST_LEASE:
-        retire(holder, deadline)
+        recovery.retire(holder, deadline)
     if case.fault in BROKER:
-        evidence += refusal_problems(deployment, request, history)
-        evidence += recovery_problems(deployment, case.fault, request, history)
+        evidence += recovery.broker_problems(deployment, case.fault, request, history)
     verdict = judge(
         expected,
         case.policy,
@@ -470,196 +404,6 @@ def exercise(
     )
     verdict.notes = notes
     return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
-
-
-def refusal_problems(deployment: Deployment, request: Request, history: History) -> list[str]:
-    """While the broker is still down, a new request must be refused with the migration path's
-    503 once the attempts the migration limit allows have timed out: never served, never left
-    hanging. Sent after the case's counters were read, so its attempts (`new_request`) are not
-    the case's; the history has what they added."""
-    attempts = deployment.policy.migration_limit + 1
-    bound_s = (
-        BROKER_REFUSAL_SLOWER_BY * attempts * BROKER_REQUEST_TIMEOUT_S + BROKER_REFUSAL_FIXED_S
-    )
-    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-    response, sent_at = Response(), time.monotonic()
-    client.send(deployment.base_url, short(request), response, read_timeout_s=bound_s)
-    seconds = round(time.monotonic() - sent_at, 2)
-    added = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
-    history.record(
-        "refused_while_down", seconds=seconds, status=response.status, counts=added.as_dict()
-    )
-    problems = []
-    if not carries(response, SERVICE_UNAVAILABLE) or seconds > bound_s:
-        problems.append(
-            f"a new request sent while the broker was down must be refused with "
-            f"{SERVICE_UNAVAILABLE} within {bound_s:g} s ({attempts} attempt(s) of "
-            f"{BROKER_REQUEST_TIMEOUT_S} s); after {seconds:g} s: {response.summary()}"
-        )
-    if (added.failed, added.succeeded) != (1, 0):
-        problems.append(
-            f"the request refused while the broker was down must count as one failed migration "
-            f"and no success; the counters added {added.as_dict()}"
-        )
-    return problems
-
-
-def recovery_problems(
-    deployment: Deployment, fault: str, request: Request, history: History
-) -> list[str]:
-    """The broker back (SIGCONT, or nats-server started again on its port), new requests must
-    work again: short requests go out one at a time until one completes, within
-    RECOVERY_BOUND_S; the time it took is in the history."""
-    pool = deployment.pool
-    if fault == "broker_stall":
-        assert pool.nats is not None
-        pool.nats.signal_tree(signal.SIGCONT)
-    else:
-        pool.restart_nats()
-    healed_at = time.monotonic()
-    history.record("broker_healed", how="SIGCONT" if fault == "broker_stall" else "restarted")
-
-    def completed(response: Response) -> tuple[bool | None, str]:
-        return (True if response.status == 200 and response.error is None else None), ""
-
-    try:
-        sent = short_requests_until(
-            deployment, request, completed, RECOVERY_BOUND_S, PROBE_READ_S,
-            "a new request to complete",
-        )  # fmt: skip
-    except Timeout as exc:
-        return [
-            f"new requests still failed {RECOVERY_BOUND_S:g} s after the broker came back: "
-            f"{exc}; {deployment.view()}"
-        ]
-    seconds = round(time.monotonic() - healed_at, 2)
-    first = sent[0].summary() if len(sent) > 1 else None
-    history.record("broker_recovered", seconds=seconds, requests=len(sent), first_failed=first)
-    return []
-
-
-def rejoin_problems(
-    deployment: Deployment, holder: Worker, request: Request, history: History
-) -> list[str]:
-    """A resumed or healed worker must serve again: short requests go out one at a time until
-    its own request count rises, within REJOIN_BOUND_S; none served names it unroutable."""
-    port = {holder.name: holder.ports["system"]}
-
-    def served() -> float:
-        return metrics.worker_sums(port, metrics.REQUESTS, {"dynamo_endpoint": "generate"})[
-            holder.name
-        ]
-
-    before = metrics.once_answered(served, Deadline(REJOIN_BOUND_S), f"{holder.name}'s requests")
-
-    def counted(response: Response) -> tuple[float | None, str]:
-        try:
-            now = served()
-        except metrics.Unanswered as exc:
-            return None, str(exc)
-        return (now if now > before else None), ""
-
-    try:
-        sent = short_requests_until(
-            deployment, request, counted, REJOIN_BOUND_S, REJOIN_BOUND_S,
-            f"{holder.name} to serve a request again",
-        )  # fmt: skip
-    except Timeout as exc:
-        return [unrejoined(deployment, holder, exc)]
-    history.record("worker_rejoined", worker=holder.name, requests=len(sent))
-    return []
-
-
-def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
-    """Why the healed holder was not served by: where the frontend also dropped workers that
-    were never faulted, the deployment lost leases beyond the fault, and that is said first.
-    One reading of the listing backs both."""
-    failed = f"{holder.name}, healed after its fault, was never routed to again: {exc}"
-    try:
-        listing = deployment.listing()
-    except (requests.RequestException, ValueError) as error:
-        return f"{failed}; {silent(error)}"
-    view = deployment.describe(listing)
-    bystanders = [name for name in deployment.unlisted_in(listing[0]) if name != holder.name]
-    if not bystanders:
-        return f"{failed}; {view}"
-    return (
-        f"the frontend dropped {', '.join(bystanders)}, never faulted: the deployment lost "
-        f"discovery leases beyond the fault (a wall-clock step, or keep-alives starved), so "
-        f"{holder.name}'s own rejoin is not what this judged; {failed}; {view}"
-    )
-
-
-def await_unlisted(
-    deployment: Deployment, holder: Worker, stopped_at: float, history: History
-) -> None:
-    """The proof that a stall outlived the holder's discovery lease: the frontend no longer
-    lists any instance of it, within LEASE_BOUND_S of the stop. Without the holder's instance
-    ids there is no proof: unknown, never unlisted."""
-    if not deployment.pool.instance_ids.get(holder.name):
-        raise CaseFailure(
-            f"no instance id of {holder.name} is known: its leaving discovery cannot be proven"
-        )
-
-    def probe() -> tuple[bool | None, str]:
-        try:
-            listed, _ = deployment.listing()
-        except (requests.RequestException, ValueError) as exc:
-            return None, silent(exc)
-        gone = holder.name in deployment.unlisted_in(listed)
-        return (True if gone else None), f"{holder.name} listed"
-
-    left_s = LEASE_BOUND_S - (time.monotonic() - stopped_at)
-    try:
-        poll_until(probe, Deadline(max(left_s, 0.0)), f"the frontend to drop {holder.name}")
-    except Timeout as exc:
-        raise CaseFailure(
-            f"the stall did not outlive {holder.name}'s discovery lease: still listed "
-            f"{LEASE_BOUND_S:g} s after SIGSTOP ({exc})"
-        ) from None
-    history.record(
-        "worker_unlisted", worker=holder.name, seconds=round(time.monotonic() - stopped_at, 2)
-    )
-
-
-def retire(holder: Worker, deadline: Deadline) -> None:
-    """SIGKILL a worker resumed after its lease ran out: Dynamo 1.6.1 never lists it again, so
-    no later case of its pool may draw it; its pool replaces it as it replaces a killed one."""
-    holder.process.signal_tree(signal.SIGKILL)
-    if left := holder.process.wait_gone(deadline.within(faults.HOLDER_TIMEOUT_S)):
-        raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
-
-
-def short(request: Request) -> Request:
-    """The case's request as a probe of whether the deployment serves: unary, REJOIN_TOKENS
-    long."""
-    return replace(request, stream=False, max_tokens=REJOIN_TOKENS)
-
-
-def short_requests_until(
-    deployment: Deployment,
-    request: Request,
-    answered: Callable[[Response], tuple[object | None, str]],
-    bound_s: float,
-    read_s: float,
-    awaited: str,
-) -> list[Response]:
-    """Send `request`, unary and REJOIN_TOKENS long, one at a time until `answered` (given
-    each response) returns a result, within `bound_s`; every response sent. Timeout past it,
-    naming the last response and what `answered` saw."""
-    probe_request = short(request)
-    sent: list[Response] = []
-
-    def probe() -> tuple[object | None, str]:
-        sent.append(Response())
-        client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=read_s)
-        result, seen = answered(sent[-1])
-        detail = f"; {seen}" if seen else ""
-        return result, f"{len(sent)} request(s), {sent[-1].summary()}{detail}"
-
-    poll_until(probe, Deadline(bound_s), awaited)
-    return sent
 
 
 def migration_evidence(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import Backend, Launch, Model, Shape
-from handoff.cases import Case
+from handoff.cases import Case, topology
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
 from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt
@@ -62,6 +62,8 @@ class Timing:
 #:   tokens last 3.7 s, past the graceful bound, and past a SIGKILL that the transfer's proof
 #:   made late: at full speed a loaded machine (-n 6 on 2 cores) killed the worker after it
 #:   had decoded its last token. Both cases then share a pool.
+#: - load: 900 tokens whatever the fault: its eight requests must all be placed, and the
+#:   queued one must still wait, when the fault lands.
 #: - prefill: the fault lands during the prefill worker's transfer (1 s, or 3.2 s so that the
 #:   graceful bound passes while it still holds the request), before the first token.
 TIMINGS = {
@@ -80,8 +82,7 @@ TIMINGS = {
     ("decode", "broker_loss"): Timing(32, 200),
     ("aggregate", "drain_expired"): Timing(32, 900),
     ("decode", "drain_expired"): Timing(32, 900),
-    ("load", "worker_failure"): Timing(32, 900),
-    ("load", "graceful_shutdown"): Timing(32, 900),
+    **{("load", fault): Timing(32, 900) for fault in topology("load").allowed()["fault"]},
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),

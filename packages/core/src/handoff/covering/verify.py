@@ -50,9 +50,10 @@ def complete(
     candidates: Sequence[Row],
     pair_axes: Sequence[str],
     value_axes: Sequence[str] = (),
+    cells: Sequence[tuple[str, str]] = (),
 ) -> list[Row]:
-    """Rows from `candidates` to add to `rows` until every pair over `pair_axes` and every
-    value of `value_axes` that the candidates hold is covered.
+    """Rows from `candidates` to add to `rows` until every pair over `pair_axes`, every value
+    of `value_axes` and each of `cells` (axis, value) that the candidates hold is covered.
 
     Greedy and deterministic: each step takes the first candidate that covers the most of what
     is still missing. Used when a backend cannot run some published rows: the rest keep their
@@ -60,7 +61,8 @@ def complete(
     """
 
     def covers(row: Row) -> set[object]:
-        return pairs_of(pair_axes, [row]) | {(a, row[a]) for a in value_axes}
+        values = {(a, row[a]) for a in value_axes} | {c for c in cells if row[c[0]] == c[1]}
+        return pairs_of(pair_axes, [row]) | values
 
     need: set[object] = set().union(*(covers(c) for c in candidates)) if candidates else set()
     for row in rows:
@@ -399,11 +401,15 @@ def shortfall(
     rows: Sequence[Row],
     pairs_over: Sequence[str] = (),
     each_value_of: Sequence[str] = (),
+    cells: Sequence[tuple[str, str]] = (),
     strength: int = 2,
 ) -> Shortfall:
     """Check `rows` (hand-written or generated) against a promise: every allowed interaction
-    over `pairs_over` and every allowed value of each axis of `each_value_of`."""
+    over `pairs_over`, every allowed value of each axis of `each_value_of`, and each of `cells`
+    (axis, value) that is allowed."""
     space = Space(model)
     pairs = missing(space, rows, strength, pairs_over) if len(pairs_over) >= strength else []
     values = [c for a in each_value_of for c in missing(space, rows, 1, [a])]
+    axes = sorted({a for a, _ in cells})
+    values += [c for a in axes for c in missing(space, rows, 1, [a]) if c[0] in cells]
     return Shortfall(tuple(pairs), tuple(c[0] for c in values))

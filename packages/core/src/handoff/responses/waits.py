@@ -4,12 +4,15 @@ migration counters once they have settled."""
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from handoff import faults, metrics
-from handoff.cases import SILENT
+from handoff.backend import Backend
+from handoff.cases import BROKER, SILENT, Case, topology
 from handoff.client import InFlight
+from handoff.errors import HandoffError
 from handoff.history import History
 from handoff.policies import Outcome
 from handoff.polling import Deadline, Timeout, poll_until
@@ -33,9 +36,21 @@ RESPONSE_SLOWER_BY = 4.0
 
 RESPONSE_FIXED_S = 5.0
 
+#: How much slower than the backend's own speed a queued request may wait (`sized_for_queues`).
+QUEUE_WAIT_SLOWER_BY = 3.0
+
 #: Dynamo 1.6.1's request timeouts: a request sent to a worker that is gone fails over after
 #: the TCP request timeout (about 5 s) or the NATS one (10 s) (docs/known-issues.md).
 REQUEST_PLANE_TIMEOUT_S = {"tcp": 5.0, "nats": 10.0}
+
+#: The frontend's inactivity timeout on a worker's response stream, in whole seconds. Unset,
+#: Dynamo 1.6.1 keeps a stalled worker's stream open for as long as the stall lasts.
+STREAM_TIMEOUT_ENV = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"
+#: The frontend's NATS request timeout in the broker's cases, in whole seconds: a new request
+#: sent while the broker is down is refused once its attempts have timed out, after about 40 s
+#: at Dynamo 1.6.1's default of 10 s (docs/known-issues.md).
+NATS_TIMEOUT_ENV = "DYN_NATS_REQUEST_TIMEOUT_SECS"
+BROKER_REQUEST_TIMEOUT_S = 2
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,39 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
     else:
         wait, why = 0.0, ""
     return wait + plane_s, why + plane_why
+
+
+def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settings:
+    """`settings` with the stream timeout a load case needs: longer than any request waits
+    queued on a worker, before the fault or behind the requests moved to it. Dynamo 1.6.1's
+    timeout reads a queued request's wait as its worker's silence and moves it, a request of a
+    healthy worker too (docs/cases.md). That wait is at most the rounds the surviving workers'
+    slots need, less one, of whole responses at the backend's own speed, QUEUE_WAIT_SLOWER_BY
+    times slower."""
+    if not topology(case.topology).load or case.fault not in SILENT:
+        return settings
+    whole_s = backend.nominal_response_s(case, backend.shape(case, 0))
+    if whole_s is None:
+        raise HandoffError(
+            f"backend {backend.name!r} gives no nominal response time (nominal_response_s): "
+            f"the stream timeout of {case.key} cannot be sized above its queues"
+        )
+    survivors = len(backend.roles(case.topology)) - 1
+    slots = max(survivors, 1) * (backend.decoding_at_once(case) or 1)
+    rounds = math.ceil(int(backend.setting("load_requests")) / slots)
+    wait_s = QUEUE_WAIT_SLOWER_BY * max(rounds - 1, 1) * whole_s
+    return replace(settings, stream_timeout_s=max(settings.stream_timeout_s, math.ceil(wait_s)))
+
+
+def fault_env(case: Case, settings: Settings) -> dict[str, str]:
+    """What bounds the fault's wait at the frontend. A stall or a partition is silence on the
+    worker's response stream: the frontend's inactivity timeout ends it. A lost broker leaves a
+    new request waiting on NATS: the NATS request timeout ends it."""
+    if case.fault in SILENT:
+        return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
+    if case.fault in BROKER:
+        return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
+    return {}
 
 
 def last_token(inflight: InFlight) -> str:
@@ -115,11 +163,14 @@ class FirstMigration:
             history,
         )
         self.seen: metrics.MigrationCounts | None = None
+        #: The moves (ongoing and new requests) the latest reading showed.
+        self.moves = 0
 
     def read(self) -> bool:
         """Read the counters once; True when this reading is the first to show a move."""
         scraped = metrics.MigrationCounts.parse(metrics.scrape(self.metrics_url), self.model)
         counts = scraped.since(self.before)
+        self.moves = counts.ongoing_request + counts.new_request
         if self.seen is not None or not counts.ongoing_request + counts.new_request:
             return False
         self.seen = counts
