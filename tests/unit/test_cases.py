@@ -77,8 +77,8 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_not_exceeded-graceful_shutdown-chat-stream-tcp",
     ],
     "load": [
-        "migration_enabled-worker_stall-chat-nats",
         "migration_disabled-worker_failure-completion-tcp",
+        "migration_enabled-worker_stall-chat-nats",
         "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
         "max_seq_len_not_exceeded-partition-completion-nats",
     ],
@@ -171,9 +171,9 @@ def test_each_value_promise_names_a_missing_value():
 def test_a_lifecycle_promise_names_each_lifecycle_a_selection_lacks():
     rows = selection("load", "pre_merge")
     assert unmet("load", rows[1:], promise("load", "pre_merge")) == [
-        "api=chat & plane=nats",
-        "policy=migration_enabled",
-        "fault=worker_stall",
+        "api=completion & plane=tcp",
+        "policy=migration_disabled",
+        "fault=worker_failure",
     ]
     # A fault the promise does not name is never asked for.
     assert "fault=broker_loss" not in unmet("load", [], promise("load", "pre_merge"))

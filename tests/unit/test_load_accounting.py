@@ -24,6 +24,7 @@ from handoff.responses.load import (
     received,
     settled,
 )
+from handoff.responses.recovery import REJOIN_TOKENS, short
 from handoff.responses.waits import QUEUE_WAIT_SLOWER_BY, Settings, sized_for_queues
 from handoff.runs.report import _cells
 from handoff_mocker import MockerBackend
@@ -203,3 +204,9 @@ def test_a_backend_that_cannot_tell_its_speed_cannot_size_the_timeout():
 
     with pytest.raises(HandoffError, match="stream timeout of load/migration_enabled-worker_stall"):
         sized_for_queues(STALL, Settings(), Unknown())
+
+
+def test_a_probe_of_the_deployment_carries_no_request_id_of_a_load_case():
+    request = Request("chat", True, "m", "t100", MAX_TOKENS, "id-0")
+    probe = short(request)
+    assert (probe.stream, probe.max_tokens, probe.request_id) == (False, REJOIN_TOKENS, None)

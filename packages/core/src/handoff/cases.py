@@ -341,8 +341,8 @@ TOPOLOGIES: dict[str, Topology] = {
             ),
             omitted_from_id=("response",),
             pre_merge_ids=(
-                "migration_enabled-worker_stall-chat-nats",
                 "migration_disabled-worker_failure-completion-tcp",
+                "migration_enabled-worker_stall-chat-nats",
                 "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
                 "max_seq_len_not_exceeded-partition-completion-nats",
             ),

@@ -239,8 +239,9 @@ def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
 
 def short(request: Request) -> Request:
     """The case's request as a probe of whether the deployment serves: unary, REJOIN_TOKENS
-    long."""
-    return replace(request, stream=False, max_tokens=REJOIN_TOKENS)
+    long, and with no request id of its own: a load case's request's id would have workers'
+    logs name the probes as that request."""
+    return replace(request, stream=False, max_tokens=REJOIN_TOKENS, request_id=None)
 
 
 def short_requests_until(
