@@ -59,7 +59,7 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
         (("--handoff-topology", "decode"), 14),
         (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
         (("--handoff-selection", "nightly"), None),  # the generated count, made in the test
-        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 96),
+        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 96 + 96),
         (("--handoff-selection", "full", "--handoff-topology", "aggregate"), 200),
     ],
 )

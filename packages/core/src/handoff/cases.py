@@ -186,6 +186,22 @@ LIFECYCLES_PROMISE = Promise(
     values_of=(("fault", ("worker_failure", "graceful_shutdown", "worker_stall", "partition")),),
 )
 
+#: What the load topologies, of whichever role, do not allow.
+LOAD_RESTRICTIONS = (
+    Restriction(
+        "response",
+        ("stream",),
+        "a load case sends streams and unary requests together, one of each in turn: the id "
+        "leaves the response out",
+    ),
+    Restriction(
+        "fault",
+        tuple(f for f in FAULTS if f != PAST_LEASE),
+        "a discovery lease is a worker's however many requests it holds: the aggregate cases "
+        "qualify what its lapse does",
+    ),
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -325,20 +341,7 @@ TOPOLOGIES: dict[str, Topology] = {
             name="load",
             target_role="aggregate",
             fault_window="decoding",
-            restrictions=(
-                Restriction(
-                    "response",
-                    ("stream",),
-                    "a load case sends streams and unary requests together, one of each in "
-                    "turn: the id leaves the response out",
-                ),
-                Restriction(
-                    "fault",
-                    tuple(f for f in FAULTS if f != PAST_LEASE),
-                    "a discovery lease is a worker's however many requests it holds: the "
-                    "aggregate cases qualify what its lapse does",
-                ),
-            ),
+            restrictions=LOAD_RESTRICTIONS,
             omitted_from_id=("response",),
             pre_merge_ids=(
                 "migration_disabled-worker_failure-completion-tcp",
@@ -347,6 +350,17 @@ TOPOLOGIES: dict[str, Topology] = {
                 "max_seq_len_not_exceeded-partition-completion-nats",
             ),
             pre_merge_promise=LIFECYCLES_PROMISE,
+            load=True,
+        ),
+        Topology(
+            name="decode_load",
+            target_role="decode",
+            fault_window="decoding",
+            restrictions=LOAD_RESTRICTIONS,
+            omitted_from_id=("response",),
+            # Nightly only: a backend runs four load cases pre-merge, the aggregate's.
+            pre_merge_ids=(),
+            pre_merge_promise=Promise(),
             load=True,
         ),
     )

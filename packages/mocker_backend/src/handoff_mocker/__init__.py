@@ -82,7 +82,11 @@ TIMINGS = {
     ("decode", "broker_loss"): Timing(32, 200),
     ("aggregate", "drain_expired"): Timing(32, 900),
     ("decode", "drain_expired"): Timing(32, 900),
-    **{("load", fault): Timing(32, 900) for fault in topology("load").allowed()["fault"]},
+    **{
+        (name, fault): Timing(32, 900)
+        for name in ("load", "decode_load")
+        for fault in topology(name).allowed()["fault"]
+    },
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
@@ -103,6 +107,7 @@ class MockerBackend(Backend):
         "kv_transfer": ("prefill", "decode", "decode"),
         "prefill": ("prefill", "prefill", "decode"),
         "load": ("aggregate", "aggregate", "aggregate"),
+        "decode_load": ("prefill", "decode", "decode", "decode"),
     }
     worker_ports = ("system",)
     migration_counts = "exact"
@@ -186,7 +191,7 @@ class MockerBackend(Backend):
         return (self.kv_transfer_floor_s(case) or 0.0) + steps_s
 
     def decoding_at_once(self, case: Case) -> int | None:
-        return LOAD_DECODING if case.topology == "load" else None
+        return LOAD_DECODING if topology(case.topology).load else None
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
         timing = timing_of(case)

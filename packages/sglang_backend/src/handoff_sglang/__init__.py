@@ -43,6 +43,7 @@ class SglangBackend(DynamoGpuBackend):
         "prefill": "Dynamo's own SGLang prefill migration tests are N/A (skipped), and "
         + PREFILL_TOO_SHORT,
         "load": LOAD_NOT_BUILT,
+        "decode_load": LOAD_NOT_BUILT,
     }
     worker_ports = ("system", "nccl", "bootstrap", "http")
     role_ports = {

@@ -71,6 +71,7 @@ class TrtllmBackend(DynamoGpuBackend):
         "prefill": "migration out of a TRT-LLM prefill worker is unsupported: Dynamo's own "
         "prefill migration test is an xfail that timed out",
         "load": LOAD_NOT_BUILT,
+        "decode_load": LOAD_NOT_BUILT,
     }
     restrictions = (
         Restriction(

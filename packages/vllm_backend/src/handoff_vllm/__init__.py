@@ -100,6 +100,7 @@ class VllmBackend(DynamoGpuBackend):
         "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         + PREFILL_TOO_SHORT,
         "load": LOAD_NOT_BUILT,
+        "decode_load": LOAD_NOT_BUILT,
     }
     worker_ports = ("system", "nixl", "kv_events", "rendezvous")
     role_ports = {

@@ -106,7 +106,8 @@ def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settin
             f"backend {backend.name!r} gives no nominal response time (nominal_response_s): "
             f"the stream timeout of {case.key} cannot be sized above its queues"
         )
-    survivors = len(backend.roles(case.topology)) - 1
+    where = topology(case.topology)
+    survivors = backend.roles(case.topology).count(where.target_role) - 1
     slots = max(survivors, 1) * (backend.decoding_at_once(case) or 1)
     rounds = math.ceil(int(backend.setting("load_requests")) / slots)
     wait_s = QUEUE_WAIT_SLOWER_BY * max(rounds - 1, 1) * whole_s
