@@ -7,7 +7,7 @@ Case ids are published (CI dashboards key on them): they never change once relea
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Protocol
 
@@ -202,6 +202,23 @@ LOAD_RESTRICTIONS = (
     ),
 )
 
+#: Many requests at once on aggregate workers; `decode_load` is the same on decode workers.
+LOAD = Topology(
+    name="load",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=LOAD_RESTRICTIONS,
+    omitted_from_id=("response",),
+    pre_merge_ids=(
+        "migration_disabled-worker_failure-completion-tcp",
+        "migration_enabled-worker_stall-chat-nats",
+        "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
+        "max_seq_len_not_exceeded-partition-completion-nats",
+    ),
+    pre_merge_promise=LIFECYCLES_PROMISE,
+    load=True,
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -337,31 +354,14 @@ TOPOLOGIES: dict[str, Topology] = {
                 pairs_over=("fault", "api", "plane"), each_value_of=("policy", "response")
             ),
         ),
-        Topology(
-            name="load",
-            target_role="aggregate",
-            fault_window="decoding",
-            restrictions=LOAD_RESTRICTIONS,
-            omitted_from_id=("response",),
-            pre_merge_ids=(
-                "migration_disabled-worker_failure-completion-tcp",
-                "migration_enabled-worker_stall-chat-nats",
-                "max_seq_len_exceeded-graceful_shutdown-chat-tcp",
-                "max_seq_len_not_exceeded-partition-completion-nats",
-            ),
-            pre_merge_promise=LIFECYCLES_PROMISE,
-            load=True,
-        ),
-        Topology(
+        LOAD,
+        # Nightly only: a backend runs four load cases pre-merge, the aggregate's.
+        replace(
+            LOAD,
             name="decode_load",
             target_role="decode",
-            fault_window="decoding",
-            restrictions=LOAD_RESTRICTIONS,
-            omitted_from_id=("response",),
-            # Nightly only: a backend runs four load cases pre-merge, the aggregate's.
             pre_merge_ids=(),
             pre_merge_promise=Promise(),
-            load=True,
         ),
     )
 }
