@@ -11,6 +11,7 @@ from handoff.cases import Case
 from handoff.policies import POLICIES
 from handoff.polling import Deadline, poll_until
 from handoff.responses import load
+from handoff.responses.waits import STREAM_TIMEOUT_ENV
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -135,6 +136,23 @@ def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migrati
     monkeypatch.setattr(faults, "inject", and_again)
     result = runner.run_case(ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
     assert not result.verdict.passed and "second" in seen
+    counted = re.search(
+        r"migration counter ongoing_request = (\d+), expected 3", " ".join(result.verdict.reasons)
+    )
+    assert counted and int(counted.group(1)) > 3, result.verdict.reasons
+
+
+def test_a_stream_timeout_below_the_queue_waits_moves_healthy_requests_and_fails_plainly(
+    tmp_path,
+):
+    """The load stall on a frontend whose stream timeout is the single request's 3 s, not the
+    one sized above the queues: a request queued on a healthy worker (the busiest survivor's
+    third waits a whole 5.2 s response) moves too, the counters exceed the three cut, and the
+    case fails for it plainly: the lease's known defect is the verdict only of an exact case."""
+    case = Case.from_id("migration_enabled-worker_stall-chat-nats", "load")
+    env = {STREAM_TIMEOUT_ENV: "3"}
+    result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S, frontend_env=env)
+    assert not result.verdict.passed and result.verdict.upstream_defect is None
     counted = re.search(
         r"migration counter ongoing_request = (\d+), expected 3", " ".join(result.verdict.reasons)
     )
