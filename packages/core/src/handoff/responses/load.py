@@ -4,7 +4,6 @@ when the fault landed, how it ended, and what the frontend counted for all of th
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections import Counter
@@ -14,7 +13,7 @@ from itertools import pairwise
 
 from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, KILLS, PAST_LEASE, SILENT, STALLS, Case, topology
+from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
@@ -230,11 +229,10 @@ def aftermath(
         recovery.retire(victim, deadline)
     if case.fault in BROKER:
         problems += recovery.broker_problems(deployment, case.fault, request, history)
-    ended = outlives_lease or case.fault in KILLS or case.fault == "drain_expired"
+    # A worker the fault ended (or `retire` did) has exited and is not asked for its gauge.
+    gone = victim if victim.process.exit_code() is not None else None
     metrics_url = deployment.base_url + "/metrics"
-    return problems + idle_problems(
-        deployment, victim if ended else None, metrics_url, deadline, history
-    )
+    return problems + idle_problems(deployment, gone, metrics_url, deadline, history)
 
 
 def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
@@ -355,11 +353,10 @@ def load_bound(
         basis = "the backend's own speed"
     else:
         raise CaseFailure("no stream was decoding at the fault: nothing to bound the rest by")
-    slots = max(survivors, 1) * (decoding_at_once or len(held))
-    rounds = math.ceil(len(held) / slots)
-    bound_s = wait_s + waits.RESPONSE_SLOWER_BY * rounds * whole_s + waits.RESPONSE_FIXED_S
+    needed = waits.rounds(len(held), survivors, decoding_at_once)
+    bound_s = wait_s + waits.RESPONSE_SLOWER_BY * needed * whole_s + waits.RESPONSE_FIXED_S
     why = (
-        f"{bound_s:.0f} s after the fault, the bound that {waits_for}{rounds} round(s) of "
+        f"{bound_s:.0f} s after the fault, the bound that {waits_for}{needed} round(s) of "
         f"{max_tokens} tokens at {basis} on {survivors} surviving worker(s) allow"
     )
     return bound_s, why

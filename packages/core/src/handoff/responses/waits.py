@@ -98,7 +98,8 @@ def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settin
     healthy worker too (docs/cases.md). That wait is at most the rounds the surviving workers'
     slots need, less one, of whole responses at the backend's own speed, QUEUE_WAIT_SLOWER_BY
     times slower."""
-    if not topology(case.topology).load or case.fault not in SILENT:
+    where = topology(case.topology)
+    if not where.load or case.fault not in SILENT:
         return settings
     whole_s = backend.nominal_response_s(case, backend.shape(case, 0))
     if whole_s is None:
@@ -106,12 +107,19 @@ def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settin
             f"backend {backend.name!r} gives no nominal response time (nominal_response_s): "
             f"the stream timeout of {case.key} cannot be sized above its queues"
         )
-    where = topology(case.topology)
     survivors = backend.roles(case.topology).count(where.target_role) - 1
-    slots = max(survivors, 1) * (backend.decoding_at_once(case) or 1)
-    rounds = math.ceil(int(backend.setting("load_requests")) / slots)
-    wait_s = QUEUE_WAIT_SLOWER_BY * max(rounds - 1, 1) * whole_s
+    needed = rounds(
+        int(backend.setting("load_requests")), survivors, backend.decoding_at_once(case)
+    )
+    wait_s = QUEUE_WAIT_SLOWER_BY * max(needed - 1, 1) * whole_s
     return replace(settings, stream_timeout_s=max(settings.stream_timeout_s, math.ceil(wait_s)))
+
+
+def rounds(requests: int, survivors: int, decoding_at_once: int | None) -> int:
+    """How many rounds of whole responses the surviving workers' decoding slots need for
+    `requests` (one round where a worker decodes all it holds at once)."""
+    slots = max(survivors, 1) * (decoding_at_once or requests)
+    return math.ceil(requests / slots)
 
 
 def fault_env(case: Case, settings: Settings) -> dict[str, str]:
