@@ -22,6 +22,7 @@ from handoff.responses.load import (
     expected_counts,
     load_bound,
     received,
+    request_problems,
     settled,
 )
 from handoff.responses.recovery import REJOIN_TOKENS, short
@@ -210,3 +211,27 @@ def test_a_probe_of_the_deployment_carries_no_request_id_of_a_load_case():
     request = Request("chat", True, "m", "t100", MAX_TOKENS, "id-0")
     probe = short(request)
     assert (probe.stream, probe.max_tokens, probe.request_id) == (False, REJOIN_TOKENS, None)
+
+
+def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_the_token():
+    """Each request of a load case is judged against its own prompt's text: a response whose
+    fourth token differs fails, though it is whole; the text of another prompt fails too."""
+    backend = MockerBackend()
+    outcome = expected_outcome("decoding", "migration_enabled", "worker_failure")
+    words = [f" t{i}" for i in range(MAX_TOKENS)]
+    frames = [
+        {"id": "x", "choices": [{"delta": {"content": w}, "finish_reason": None}]} for w in words
+    ]
+    frames[-1]["choices"][0]["finish_reason"] = "length"
+    frames.append({"id": "x", "choices": [], "usage": {"completion_tokens": MAX_TOKENS}})
+    response = Response(status=200, chunks=[Chunk(0.01 * i, f) for i, f in enumerate(frames)])
+    response.done = True
+    request = held(0, "a", True)
+    request.inflight.response = response
+    request.text = "".join(words)
+    assert request_problems(request, True, outcome, "migration_enabled", backend) == []
+    request.text = "".join(words[:3]) + " t999" + "".join(words[4:])
+    (problem,) = request_problems(request, True, outcome, "migration_enabled", backend)
+    assert problem.startswith("the migrated text departs from the reference at token 4")
+    request.text = None  # a backend that knows no text judges the tokens alone
+    assert request_problems(request, False, outcome, "migration_enabled", backend) == []

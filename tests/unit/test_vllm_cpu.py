@@ -24,7 +24,7 @@ from test_gpu_backends import (
 )
 
 from handoff import cli, plugins, word_tokenizer
-from handoff.cases import KILLS, SILENT, Case, selection
+from handoff.cases import KILLS, Case, selection
 from handoff.errors import HandoffError
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
@@ -50,9 +50,11 @@ def on_cpu(**settings: object) -> VllmBackend:
     return configured(VllmBackend, device="cpu", **settings)
 
 
-def test_cpu_worker_launches_match_the_reviewed_golden(tiny, tmp_path):
+def test_cpu_worker_launches_match_the_reviewed_golden(tiny, tmp_path, monkeypatch):
     """A change here is a change to what runs on vLLM's CPU build: review it, then update
-    tests/unit/golden/vllm_cpu.json."""
+    tests/unit/golden/vllm_cpu.json. A disaggregated worker inherits the caller's PYTHONPATH
+    after its own (`nixl_polled`): none here."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     view = golden_view(on_cpu(), tmp_path / "cases")
     text = json.dumps(view, indent=2).replace(str(tiny), "<tiny model>")
     text = text.replace(str(cpu.NIXL_POLLED), "<nixl_polled>")
@@ -91,24 +93,42 @@ def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(
         assert ports_in(worker) == set(worker["ports"].values())
 
 
-def test_the_cpu_runs_what_the_gpu_runs(tiny):
+def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
     backend = on_cpu()
-    assert backend.topologies == VllmBackend().topologies
-    assert list(backend.topologies) == list(GPU_TOPOLOGIES)
+    assert list(VllmBackend().topologies) == list(GPU_TOPOLOGIES)
+    assert backend.topologies == {**VllmBackend().topologies, "load": ("aggregate", "aggregate")}
+    assert "mocker and on vLLM's CPU engine" in VllmBackend().why_not("load")
+
+
+def test_a_cpu_load_case_leaves_requests_queued_on_the_worker_it_faults(tiny, tmp_path):
+    """Four requests on two workers that decode one at a time: whichever worker holds the
+    most holds one queued, and each worker is launched with that limit."""
+    backend = on_cpu()
+    case = first_case(backend, "load")
+    assert backend.setting("load_requests") == cpu.LOAD_REQUESTS == 4
+    assert backend.decoding_at_once(case) == 1
+    assert backend.decoding_at_once(first_case(backend, "aggregate")) is None
+    workers = len(backend.roles("load"))
+    assert -(-cpu.LOAD_REQUESTS // workers) > backend.decoding_at_once(case)
+    for worker in render(backend, case, tmp_path):
+        assert worker["argv"][worker["argv"].index("--max-num-seqs") + 1] == "1"
 
 
 def test_the_cpu_runs_the_stall_and_partition_where_the_gpu_runs_kills(tiny):
     """The hangs run in aggregate and decode on the CPU engine, with its own stream timeout;
     the lifecycles qualified on the mocker only are named, not run."""
     faults = {t: {c.fault for c in selection(t, "pre_merge", on_cpu())} for t in ("aggregate",
-              "decode", "kv_transfer")}  # fmt: skip
-    assert faults["aggregate"] == faults["decode"] == set(KILLS) | set(SILENT)
-    assert faults["kv_transfer"] == set(KILLS)
+              "decode", "kv_transfer", "load")}  # fmt: skip
+    assert faults["aggregate"] == faults["decode"] == {*KILLS, "worker_stall", "partition"}
+    assert faults["kv_transfer"] == faults["load"] == set(KILLS)
     on_gpu = {c.fault for c in selection("aggregate", "pre_merge", VllmBackend())}
     assert on_gpu == set(KILLS)
-    (rule,) = on_cpu().restrictions
-    assert "drain_expired" not in rule.allowed and "qualified on the mocker" in rule.why
-    assert [len(selection(t, "pre_merge", on_cpu())) for t in faults] == [16, 8, 2]
+    everywhere, under_load = on_cpu().restrictions
+    assert "drain_expired" not in everywhere.allowed and "qualified on the mocker" in everywhere.why
+    assert everywhere.holds_in("load") and everywhere.holds_in("decode")
+    assert under_load.holds_in("load") and not under_load.holds_in("aggregate")
+    assert "discovery lease" in under_load.why
+    assert [len(selection(t, "pre_merge", on_cpu())) for t in faults] == [16, 8, 2, 4]
 
 
 def test_the_cpu_waits_longer_for_a_silent_stream_unless_the_team_says(tiny):

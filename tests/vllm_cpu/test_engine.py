@@ -97,6 +97,20 @@ def test_a_worker_with_other_weights_breaks_exact_continuity(vllm_cpu, tmp_path)
     assert "the migrated text departs from the reference at token " in reasons
 
 
+def test_a_worker_with_other_weights_fails_a_load_case_for_each_request_it_gave_text(
+    vllm_cpu, tmp_path
+):
+    """Under load every request is judged against its own prompt's reference: those the
+    worker with other weights decoded, whether it was faulted or took the moves, fail by
+    number."""
+    other = OtherWeights()
+    other.configure(vllm_cpu.configuration)
+    case = Case.from_id("migration_enabled-worker_failure-chat-nats", "load")
+    result = run_case(other, case, tmp_path, SETTINGS, TIMEOUT_S)
+    wrong = [r for r in result.verdict.reasons if "departs from the reference at token" in r]
+    assert wrong and all(r.startswith("request ") for r in wrong), reasons_of(result)
+
+
 def test_a_prefill_worker_with_other_weights_fails_a_kv_transfer_case(vllm_cpu, tmp_path):
     """Wrong KV, consistently: every request's prefill runs on other weights, so an
     undisturbed baseline would be as wrong as the migrated response and agree with it. The

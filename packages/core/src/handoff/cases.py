@@ -99,11 +99,15 @@ SELECTIONS = ("pre_merge", "nightly", "full")
 @dataclass(frozen=True)
 class Restriction:
     """A topology allows only `allowed` values of `axis`, because `why`. A backend's
-    restriction holds in every topology it runs."""
+    restriction holds in the topologies it names (`only_in`), or in every one it runs."""
 
     axis: str
     allowed: tuple[str, ...]
     why: str
+    only_in: tuple[str, ...] = ()
+
+    def holds_in(self, topology_name: str) -> bool:
+        return not self.only_in or topology_name in self.only_in
 
 
 @dataclass(frozen=True)
@@ -448,7 +452,7 @@ class Runner(Protocol):
 def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tuple[str, ...]]:
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
-    for r in backend.restrictions if backend else ():
+    for r in backend_restrictions(backend, topology_name) if backend else ():
         values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
     return values
 
@@ -472,9 +476,21 @@ def model(values: dict[str, tuple[str, ...]], seeds: tuple[dict[str, str], ...] 
     return Model(values, rules, seeds)
 
 
+def backend_restrictions(backend: Runner, topology_name: str) -> list[Restriction]:
+    """The restrictions of `backend` that hold in the topology."""
+    return [r for r in backend.restrictions if r.holds_in(topology_name)]
+
+
 def backend_restriction(backend: Runner, case: Case) -> Restriction | None:
     """The backend restriction that rules `case` out, if any."""
-    return next((r for r in backend.restrictions if getattr(case, r.axis) not in r.allowed), None)
+    return next(
+        (
+            r
+            for r in backend_restrictions(backend, case.topology)
+            if getattr(case, r.axis) not in r.allowed
+        ),
+        None,
+    )
 
 
 def selection(topology_name: str, name: str, backend: Runner | None = None) -> tuple[Case, ...]:

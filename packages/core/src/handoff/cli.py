@@ -21,6 +21,7 @@ from handoff.cases import (
     TOPOLOGIES,
     Case,
     allowed,
+    backend_restrictions,
     model,
     promise,
     selection,
@@ -190,7 +191,7 @@ def list_cases(
         if why := backend.why_not(name):
             print(f"# {name}: not run by {backend_name}: {why}")
             continue
-        for r in backend.restrictions:
+        for r in backend_restrictions(backend, name):
             print(f"# {name}: {backend_name} runs {r.axis} {', '.join(r.allowed)} only: {r.why}")
         chosen = selection(name, selection_name, backend)
         kept = promise(name, selection_name)

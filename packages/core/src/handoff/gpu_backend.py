@@ -49,7 +49,8 @@ CONTEXT_TOKENS = 1024
 OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 192}
 #: Prompt tokens per topology as the engine prefills them. kv_transfer: the 823-token KV
 #: prefix that the prefill worker hands over (823 + 192 = 1,015 of the 1,024-token context).
-PROMPT_TOKENS = {"aggregate": 64, "decode": 64, "kv_transfer": 823}
+#: load: the aggregate's prompt, one per request (vLLM's CPU engine runs it).
+PROMPT_TOKENS = {"aggregate": 64, "decode": 64, "kv_transfer": 823, "load": 64}
 TOPOLOGIES = {
     "aggregate": ("aggregate", "aggregate"),
     "decode": ("prefill", "decode", "decode"),
@@ -62,8 +63,9 @@ PREFILL_TOO_SHORT = (
 
 #: Why a GPU engine does not run the load topology yet.
 LOAD_NOT_BUILT = (
-    "load cases (many requests at once, some queued) run on the mocker so far: this engine's "
-    "batch limit and its queued requests are not wired in yet"
+    "load cases (many requests at once, some queued) run on the mocker and on vLLM's CPU "
+    "engine so far: on a GPU, this engine's batch limit and its queued requests are not "
+    "measured yet"
 )
 
 #: One token each for Qwen3 (the first word has no leading space; the others do).
@@ -158,7 +160,7 @@ class DynamoGpuBackend(Backend):
     def shape(self, case: Case, variant: int = 0) -> Shape:
         prompt_tokens = PROMPT_TOKENS[case.topology]
         configured = self.setting("max_tokens") or {}
-        max_tokens = int(configured.get(case.topology, OUTPUT_TOKENS[case.topology]))
+        max_tokens = int(configured.get(case.topology) or OUTPUT_TOKENS[case.topology])
         context = self.context_tokens
         if prompt_tokens + max_tokens > context:
             raise HandoffError(

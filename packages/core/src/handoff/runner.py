@@ -11,14 +11,14 @@ from pathlib import Path
 
 import requests
 
-from handoff import client, continuity, faults, metrics
+from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
-from handoff.machine.pace import measure_pace, response_bound_s, sized_to
+from handoff.machine.pace import paced, response_bound_s
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     KNOWN_DEFECTS,
@@ -40,6 +40,7 @@ from handoff.responses.waits import (
     last_token,
     late_counts,
     record_response,
+    reference_text,
     settled_counts,
     sized_for_queues,
 )
@@ -241,19 +242,13 @@ def exercise(
     request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
-        pace = measure_pace(deployment.base_url, request, len(deployment.workers), deadline)
-        shape = sized_to(pace, seconds, shape)
-        request = replace(request, max_tokens=shape.max_tokens)
-        history.record(
-            "paced",
-            slowest_tokens_per_s=round(pace.slowest, 1),
-            fastest_tokens_per_s=round(pace.fastest, 1),
-            max_tokens=shape.max_tokens,
+        pace, shape = paced(
+            deployment.base_url, request, len(deployment.workers), seconds, shape, deadline, history
         )
-    expected_text, compared_with = backend.reference(case.api, shape), "the reference"
-    if expected_text is None and backend.deterministic:
-        expected_text = undisturbed(deployment, request, deadline, history)
-        compared_with = "the undisturbed baseline"
+        request = replace(request, max_tokens=shape.max_tokens)
+    expected_text, compared_with = reference_text(
+        deployment, case.api, shape, request, deadline, history
+    )
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
@@ -427,18 +422,6 @@ def migration_evidence(
         received_at=round(taken.received_at - history.started, 4) if taken else None,
     )
     return continuity.Migration(int(prompt), fault_at, taken)
-
-
-def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
-    """The text of the same request with no fault: what a deterministic engine must give
-    again after the migration."""
-    history.record("baseline_sent")
-    response = Response()
-    client.send(deployment.base_url, request, response, read_timeout_s=deadline.remaining())
-    history.record("baseline_finished", response=response.summary())
-    if response.status != 200 or response.error or response.exception:
-        raise CaseFailure(f"the undisturbed baseline request failed: {response.summary()}")
-    return response.text
 
 
 def decode_transfers(deployment: Deployment) -> float:

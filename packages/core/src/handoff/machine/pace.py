@@ -14,6 +14,7 @@ from handoff import client
 from handoff.backend import Shape
 from handoff.client import Request, Response
 from handoff.errors import CaseFailure
+from handoff.history import History
 from handoff.polling import Deadline
 
 #: The warm-up's output: enough steps to time the decode, few enough to cost a second or two.
@@ -62,6 +63,28 @@ def measure_pace(base_url: str, request: Request, workers: int, deadline: Deadli
         tokens = response.completion_tokens or len(frames)
         rates.append((tokens - 1) / max(frames[-1] - frames[0], 1e-3))
     return Pace(min(rates), max(rates))
+
+
+def paced(
+    base_url: str,
+    request: Request,
+    workers: int,
+    seconds: float,
+    shape: Shape,
+    deadline: Deadline,
+    history: History,
+) -> tuple[Pace, Shape]:
+    """The pace measured with warm-ups of `request` (`measure_pace`), and `shape` sized to
+    `seconds` of output at it (`sized_to`); both recorded."""
+    pace = measure_pace(base_url, request, workers, deadline)
+    shape = sized_to(pace, seconds, shape)
+    history.record(
+        "paced",
+        slowest_tokens_per_s=round(pace.slowest, 1),
+        fastest_tokens_per_s=round(pace.fastest, 1),
+        max_tokens=shape.max_tokens,
+    )
+    return pace, shape
 
 
 def sized_to(pace: Pace, seconds: float, shape: Shape) -> Shape:

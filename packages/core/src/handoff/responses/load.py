@@ -18,6 +18,7 @@ from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History, resumption_s
+from handoff.machine.pace import paced
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery, waits
@@ -46,6 +47,8 @@ class Held:
     #: DECODING, QUEUED or UNKNOWN when the fault landed (`classify`).
     state: str = ""
     chunks_at_fault: int = 0
+    #: The text it must give, where handoff knows it (`waits.reference_text`).
+    text: str | None = None
 
     @property
     def request(self) -> Request:
@@ -85,14 +88,32 @@ def exercise_load(
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
     count = int(backend.setting("load_requests"))
     shapes = [backend.shape(case, variant * count + n) for n in range(count)]
+    pace = None
+    if (seconds := backend.output_seconds(case)) is not None:
+        warmup = Request(case.api, True, model, shapes[0].prompt, shapes[0].max_tokens)
+        workers = len(deployment.workers)
+        pace, sized = paced(
+            deployment.base_url, warmup, workers, seconds, shapes[0], deadline, history
+        )
+        shapes = [replace(s, max_tokens=sized.max_tokens) for s in shapes]
+    requests = [
+        Request(case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()))
+        for n, s in enumerate(shapes)
+    ]
+    # Each baseline goes out with no id of its own: the workers' logs must name each load
+    # request once, on the worker that took it.
+    texts = [
+        waits.reference_text(
+            deployment, case.api, s, replace(r, request_id=None), deadline, history
+        )
+        for s, r in zip(shapes, requests, strict=True)
+    ]
     counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
     read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
-    held = []
-    for n, shape in enumerate(shapes):
-        request = Request(
-            case.api, n % 2 == 0, model, shape.prompt, shape.max_tokens, str(uuid.uuid4())
-        )
-        held.append(Held(n, InFlight(deployment.base_url, request, read_timeout_s)))
+    held = [
+        Held(n, InFlight(deployment.base_url, r, read_timeout_s), text=text)
+        for n, (r, (text, _)) in enumerate(zip(requests, texts, strict=True))
+    ]
     sent_at = time.monotonic()
     history.record(
         "requests_sent",
@@ -148,7 +169,9 @@ def exercise_load(
         proven_at,
         len(targets) - 1,
         decoding_at_once,
-        backend.nominal_response_s(case, shapes[0]),
+        pace.seconds_for(shapes[0].max_tokens)
+        if pace
+        else backend.nominal_response_s(case, shapes[0]),
     )
     history.record("response_bound", seconds=round(bound_s, 1), why=why)
     # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
@@ -178,7 +201,7 @@ def exercise_load(
     for h in held:
         problems += [
             f"{h.label()}: {p}"
-            for p in request_problems(h, h in cut, outcome, case.policy, backend)
+            for p in request_problems(h, h in cut, outcome, case.policy, backend, texts[0][1])
         ]
     problems += unmoved(expected, counts, victim, len(cut))
     problems += count_problems(expected, counts, backend.migration_counts)
@@ -192,12 +215,12 @@ def exercise_load(
     served = received(targets, {h.request.request_id for h in held})
     history.record("load_accounted", requests=price(held, cut, signalled_at, served))
     verdict = Verdict(passed=not problems + after, reasons=problems + after, phase="verdict")
-    why_not = (
-        "a load case compares token counts, not text, so far"
-        if backend.deterministic
-        else backend.nondeterministic_because
-    )
-    verdict.notes = [f"content not compared: {why_not}"]
+    compared_with = texts[0][1]
+    verdict.notes = [
+        f"every completed response's text compared with {compared_with}"
+        if compared_with
+        else f"content not compared: {backend.nondeterministic_because}"
+    ]
     # The lapsed lease is Dynamo's defect only where every request was accounted for exactly.
     lapsed = outlives_lease and not problems
     return against_known_defect(verdict, KNOWN_DEFECTS.get(PAST_LEASE if lapsed else case.fault))
@@ -423,11 +446,17 @@ def unmoved(
 
 
 def request_problems(
-    h: Held, was_cut: bool, outcome: Outcome, policy_name: str, backend: Backend
+    h: Held,
+    was_cut: bool,
+    outcome: Outcome,
+    policy_name: str,
+    backend: Backend,
+    compared_with: str = "the reference",
 ) -> list[str]:
     """One request against its promise: a request the fault cut ends as the policy says; any
     other completes whatever the policy. A complete response is whole (tokens, usage, one
-    finish)."""
+    finish) and, where handoff knows its text (`Held.text`, `compared_with`), gives exactly
+    that."""
     response, max_tokens = h.inflight.response, h.request.max_tokens
     if was_cut:
         problems = response_problems(outcome, policy_name, response, max_tokens)
@@ -438,6 +467,8 @@ def request_problems(
             response,
             max_tokens,
             backend.output_tokens,
+            baseline=h.text,
+            compared_with=compared_with,
             one_token_per_frame=backend.one_token_per_frame,
         )
         problems += kept.problems

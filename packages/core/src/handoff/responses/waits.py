@@ -8,11 +8,12 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from handoff import faults, metrics
-from handoff.backend import Backend
+from handoff import client, faults, metrics
+from handoff.backend import Backend, Shape
 from handoff.cases import BROKER, SILENT, Case, topology
-from handoff.client import InFlight
-from handoff.errors import HandoffError
+from handoff.client import InFlight, Request, Response
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
 from handoff.policies import Outcome
 from handoff.polling import Deadline, Timeout, poll_until
@@ -131,6 +132,37 @@ def fault_env(case: Case, settings: Settings) -> dict[str, str]:
     if case.fault in BROKER:
         return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
     return {}
+
+
+def reference_text(
+    deployment: Deployment,
+    api: str,
+    shape: Shape,
+    request: Request,
+    deadline: Deadline,
+    history: History,
+) -> tuple[str | None, str]:
+    """The text `request` (of `shape`) must give, and what it is called: the backend's
+    reference, computed by handoff; else, from a deterministic engine, an undisturbed baseline
+    of the same request; else None."""
+    backend = deployment.backend
+    if (text := backend.reference(api, shape)) is not None:
+        return text, "the reference"
+    if backend.deterministic:
+        return undisturbed(deployment, request, deadline, history), "the undisturbed baseline"
+    return None, ""
+
+
+def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
+    """The text of the same request with no fault: what a deterministic engine must give
+    again after the migration."""
+    history.record("baseline_sent")
+    response = Response()
+    client.send(deployment.base_url, request, response, read_timeout_s=deadline.remaining())
+    history.record("baseline_finished", response=response.summary())
+    if response.status != 200 or response.error or response.exception:
+        raise CaseFailure(f"the undisturbed baseline request failed: {response.summary()}")
+    return response.text
 
 
 def last_token(inflight: InFlight) -> str:
