@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from handoff import continuity, faults, metrics
-from handoff.backend import Backend, Worker
+from handoff.backend import Backend, Shape, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History, resumption_s
-from handoff.machine.pace import paced
+from handoff.machine.pace import Pace, paced
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery, waits
@@ -86,16 +86,7 @@ def exercise_load(
     backend, where = deployment.backend, topology(case.topology)
     assert deployment.model is not None
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    count = int(backend.setting("load_requests"))
-    shapes = [backend.shape(case, variant * count + n) for n in range(count)]
-    pace = None
-    if (seconds := backend.output_seconds(case)) is not None:
-        warmup = Request(case.api, True, model, shapes[0].prompt, shapes[0].max_tokens)
-        workers = len(deployment.workers)
-        pace, sized = paced(
-            deployment.base_url, warmup, workers, seconds, shapes[0], deadline, history
-        )
-        shapes = [replace(s, max_tokens=sized.max_tokens) for s in shapes]
+    shapes, pace = sized_shapes(deployment, case, variant, deadline, history)
     requests = [
         Request(case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()))
         for n, s in enumerate(shapes)
@@ -108,6 +99,7 @@ def exercise_load(
         )
         for s, r in zip(shapes, requests, strict=True)
     ]
+    compared_with = texts[0][1]
     counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
     read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
     held = [
@@ -154,11 +146,15 @@ def exercise_load(
     recovery.record_fault(deployment, victim, fault, history)
     heal = recovery.Heal(victim, fault, history)
     if fault.response_done_at_kill or fault.finished_in_grace:
-        ended = [h.label() for h in victims if h.inflight.finished]
-        raise CaseFailure(
-            f"missed the fault window: {', '.join(ended)} had ended before "
-            f"{fault.signals[-1]} reached {fault.worker} (raise the output length)"
-        )
+        ended = [h for h in victims if h.inflight.finished]
+        if not handed_over_at_sigterm(
+            fault, len(ended), metrics_url, model, counts_before, deadline
+        ):
+            raise CaseFailure(
+                f"missed the fault window: {', '.join(h.label() for h in ended)} had ended "
+                f"before {fault.signals[-1]} reached {fault.worker}, and the frontend counted "
+                f"no move for them (raise the output length)"
+            )
     # The broker's faults touch no worker: nothing any worker held is cut.
     cut = [] if case.fault in BROKER else victims
     bound_s, why = load_bound(
@@ -201,7 +197,7 @@ def exercise_load(
     for h in held:
         problems += [
             f"{h.label()}: {p}"
-            for p in request_problems(h, h in cut, outcome, case.policy, backend, texts[0][1])
+            for p in request_problems(h, h in cut, outcome, case.policy, backend, compared_with)
         ]
     problems += unmoved(expected, counts, victim, len(cut))
     problems += count_problems(expected, counts, backend.migration_counts)
@@ -215,7 +211,6 @@ def exercise_load(
     served = received(targets, {h.request.request_id for h in held})
     history.record("load_accounted", requests=price(held, cut, signalled_at, served))
     verdict = Verdict(passed=not problems + after, reasons=problems + after, phase="verdict")
-    compared_with = texts[0][1]
     verdict.notes = [
         f"every completed response's text compared with {compared_with}"
         if compared_with
@@ -224,6 +219,57 @@ def exercise_load(
     # The lapsed lease is Dynamo's defect only where every request was accounted for exactly.
     lapsed = outlives_lease and not problems
     return against_known_defect(verdict, KNOWN_DEFECTS.get(PAST_LEASE if lapsed else case.fault))
+
+
+def handed_over_at_sigterm(
+    fault: faults.FaultReport,
+    ended: int,
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+) -> bool:
+    """Whether the `ended` requests of a drained worker that were over before its SIGKILL were
+    handed over at its SIGTERM, as the frontend's counters say: vLLM's worker with no grace
+    period gives up its requests at once, and the frontend moves each (or refuses to, by its
+    policy), counted as a move. Over with no move counted, they were over before the fault."""
+    if fault.signals[0] != "SIGTERM":
+        return False
+
+    def probe() -> tuple[bool | None, str]:
+        scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+        counts = scraped.since(before)
+        moved = counts.ongoing_request + counts.new_request
+        return (True if moved >= ended else None), f"{moved} moves counted"
+
+    try:
+        poll_until(
+            probe,
+            deadline.within(waits.METRICS_SETTLE_S),
+            f"the frontend to count a move for each of the {ended} requests over after SIGTERM",
+        )
+    except Timeout:
+        return False
+    return True
+
+
+def sized_shapes(
+    deployment: Deployment, case: Case, variant: int, deadline: Deadline, history: History
+) -> tuple[list[Shape], Pace | None]:
+    """The shape of each of the backend's `load_requests`, each prompt its own; where the
+    backend sizes its output by its pace on this machine (`Backend.output_seconds`), every one
+    cut to what a warm-up of the first measures, and that pace."""
+    backend = deployment.backend
+    assert deployment.model is not None
+    count = int(backend.setting("load_requests"))
+    shapes = [backend.shape(case, variant * count + n) for n in range(count)]
+    if (seconds := backend.output_seconds(case)) is None:
+        return shapes, None
+    first = shapes[0]
+    warmup = Request(case.api, True, deployment.model.name, first.prompt, first.max_tokens)
+    workers = len(deployment.workers)
+    pace, sized = paced(deployment.base_url, warmup, workers, seconds, first, deadline, history)
+    return [replace(s, max_tokens=sized.max_tokens) for s in shapes], pace
 
 
 def aftermath(
