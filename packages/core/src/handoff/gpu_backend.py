@@ -46,7 +46,7 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 CONTEXT_TOKENS = 1024
 #: Output tokens per topology; a team's `max_tokens` setting overrides them one by one. 512
 #: tokens of decoding outlast a SIGKILL and the 2 s graceful bound on any of the engines.
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 192}
+OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 192, "load": 512}
 #: Prompt tokens per topology as the engine prefills them. kv_transfer: the 823-token KV
 #: prefix that the prefill worker hands over (823 + 192 = 1,015 of the 1,024-token context).
 #: load: the aggregate's prompt, one per request (vLLM's CPU engine runs it).
@@ -160,7 +160,7 @@ class DynamoGpuBackend(Backend):
     def shape(self, case: Case, variant: int = 0) -> Shape:
         prompt_tokens = PROMPT_TOKENS[case.topology]
         configured = self.setting("max_tokens") or {}
-        max_tokens = int(configured.get(case.topology) or OUTPUT_TOKENS[case.topology])
+        max_tokens = int(configured.get(case.topology, OUTPUT_TOKENS[case.topology]))
         context = self.context_tokens
         if prompt_tokens + max_tokens > context:
             raise HandoffError(
