@@ -126,6 +126,11 @@ class MigrationCounts:
             failed=count(MIGRATION_DURATION_COUNT, outcome="failure"),
         )
 
+    @property
+    def moves(self) -> int:
+        """The migrations counted, of a request in flight and of one not yet started."""
+        return self.ongoing_request + self.new_request
+
     def since(self, before: MigrationCounts) -> MigrationCounts:
         """What the counters rose by after `before` was read."""
         now, then = self.as_dict(), before.as_dict()

@@ -156,7 +156,7 @@ def judge(
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
     # the SIGKILL, and the frontend counted it. A response over before the last signal with no
     # migration counted is a fault that came too late: the request was not in flight.
-    migrated = counts.ongoing_request + counts.new_request
+    migrated = counts.moves
     moved_at_sigterm = fault.signals[0] == "SIGTERM" and migrated
     too_late = not migrated and (fault.response_done_at_kill or fault.finished_in_grace)
     if too_late and fault.finished_in_grace:

@@ -238,8 +238,7 @@ def handed_over_at_sigterm(
 
     def probe() -> tuple[bool | None, str]:
         scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
-        counts = scraped.since(before)
-        moved = counts.ongoing_request + counts.new_request
+        moved = scraped.since(before).moves
         return (True if moved >= ended else None), f"{moved} moves counted"
 
     try:
@@ -481,10 +480,7 @@ def unmoved(
 ) -> list[str]:
     """Where the fault must move its requests (or count the refusal) and the frontend counted no
     migration at all: said once, for the whole, beside each counter's own mismatch."""
-    if (
-        not expected.ongoing_request + expected.new_request
-        or counts.ongoing_request + counts.new_request
-    ):
+    if not expected.ongoing_request + expected.new_request or counts.moves:
         return []
     return [
         f"the frontend counted no migration at all: {victim.name} held {cut} requests when faulted"

@@ -153,7 +153,9 @@ def reference_text(
     return None, ""
 
 
-def undisturbed(deployment: Deployment, request: Request, deadline: Deadline, history: History):
+def undisturbed(
+    deployment: Deployment, request: Request, deadline: Deadline, history: History
+) -> str:
     """The text of the same request with no fault: what a deterministic engine must give
     again after the migration."""
     history.record("baseline_sent")
@@ -211,8 +213,8 @@ class FirstMigration:
         """Read the counters once; True when this reading is the first to show a move."""
         scraped = metrics.MigrationCounts.parse(metrics.scrape(self.metrics_url), self.model)
         counts = scraped.since(self.before)
-        self.moves = counts.ongoing_request + counts.new_request
-        if self.seen is not None or not counts.ongoing_request + counts.new_request:
+        self.moves = counts.moves
+        if self.seen is not None or not self.moves:
             return False
         self.seen = counts
         self.history.record("migration_seen", **counts.as_dict())
