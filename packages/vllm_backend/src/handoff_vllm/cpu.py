@@ -99,7 +99,7 @@ LOAD_KILLS_ONLY = (
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
-#: machine (39.0, 114.4 and 109.6 s, the first case of a pool starting its workers;
+#: machine (39.0, 114.4, 109.6 and 78.5 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
 TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0}
 #: Aggregate pools: one spare. A start is about 15 s, mostly of one core, so a spare overlaps
