@@ -83,6 +83,13 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_not_exceeded-partition-completion-nats",
     ],
     "decode_load": [],
+    "guided": ["migration_enabled-worker_failure-chat-stream-nats"],
+    "choices": [],
+    "abandoned": [
+        "client_close-chat-nats",
+        "close_after_move-completion-tcp",
+        "close_in_stall-chat-tcp",
+    ],
 }
 
 

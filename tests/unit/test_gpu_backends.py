@@ -21,7 +21,9 @@ from handoff.errors import HandoffError
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
+    FIRST_ON_CPUS,
     LOAD_NOT_BUILT,
+    NOT_BUILT_ON_GPUS,
     SENTENCE,
     DynamoGpuBackend,
 )
@@ -405,8 +407,9 @@ def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, 
     assert cli.main(["cases", "--backend", name, "--selection", "pre_merge"]) == 0
     ids, skipped = listed(capsys.readouterr().out)
     assert {t: len(i) for t, i in ids.items()} == {"aggregate": 8, "decode": 4, "kv_transfer": 2}
-    assert set(skipped) == {"prefill", "load", "decode_load"} and "prefill" in skipped["prefill"]
+    assert set(skipped) == {"prefill", *NOT_BUILT_ON_GPUS} and "prefill" in skipped["prefill"]
     assert skipped["load"] == skipped["decode_load"] == LOAD_NOT_BUILT
+    assert skipped["guided"] == skipped["choices"] == skipped["abandoned"] == FIRST_ON_CPUS
     backend = BACKENDS[name]()
     # No GPU engine runs the hangs yet (DynamoGpuBackend.restrictions); TRT-LLM no drain.
     hangs = (

@@ -35,7 +35,7 @@ class FakeGpuBackend(MockerBackend):
     name = "fakegpu"
     cpus_per_case = 1.0
     restrictions = DynamoGpuBackend.restrictions  # the GPU engines' cases: no stall yet
-    topologies = {t: roles for t, roles in MockerBackend.topologies.items() if t != "load"}
+    topologies = {t: roles for t, roles in MockerBackend.topologies.items() if t in VRAM}
 
     def check_environment(self) -> None:
         pass
@@ -144,14 +144,18 @@ def test_gpu_cases_run_longest_first_on_the_gpu_they_were_given(run, tmp_path):
 
 def test_mocker_cases_run_as_before_without_reading_nvml(run):
     result, seen, opened, _ = run("mocker")
-    result.assert_outcomes(passed=54)
-    assert len(seen) == 54 and opened == []
+    result.assert_outcomes(passed=58)
+    assert len(seen) == 58 and opened == []
     assert all(env["CUDA_VISIBLE_DEVICES"] is None and held == [] for _, env, held, _ in seen)
     keys = [key for key, *_ in seen]
-    assert [k.split("/")[0] for k in keys] == sorted(
-        (k.split("/")[0] for k in keys),
-        key=["aggregate", "decode", "kv_transfer", "prefill", "load"].index,
-    )  # equal timeouts: the selection's own order
+    # Equal timeouts: the selection's own order, pool by pool. The guided and abandoned cases
+    # run on the aggregate's workers: they take their turns in its pools.
+    topologies = [k.split("/")[0] for k in keys]
+    last_aggregate = len(topologies) - topologies[::-1].index("aggregate")
+    assert set(topologies[:last_aggregate]) == {"aggregate", "guided", "abandoned"}
+    assert list(dict.fromkeys(topologies[last_aggregate:])) == [
+        "decode", "kv_transfer", "prefill", "load"
+    ]  # fmt: skip
 
 
 def test_a_pools_reservation_lives_as_long_as_its_workers_and_its_cases_run_on_its_gpu(

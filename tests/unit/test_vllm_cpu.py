@@ -96,7 +96,15 @@ def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(
 def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
     backend = on_cpu()
     assert list(VllmBackend().topologies) == list(GPU_TOPOLOGIES)
-    assert backend.topologies == {**VllmBackend().topologies, "load": ("aggregate", "aggregate")}
+    aggregate = ("aggregate", "aggregate")
+    assert backend.topologies == {
+        **VllmBackend().topologies,
+        "load": aggregate,
+        "guided": aggregate,
+        "abandoned": aggregate,
+    }
+    assert "one sequence at a time" in backend.why_not("choices")
+    assert "not measured there" in backend.why_not("decode_load")
     assert "mocker and on vLLM's CPU engine" in VllmBackend().why_not("load")
 
 

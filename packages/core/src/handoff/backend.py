@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from handoff.client import Guide
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sums
 from handoff.settings import BUILT_IN, Configuration, Setting
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
 
 #: Dynamo's runtime exports this on every worker's system port, whatever the engine.
 INFLIGHT = "dynamo_component_inflight_requests"
+#: The default guides (`Backend.guide`): an object of one string, and words.
+OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+}
+WORDS_REGEX = r"( ?[a-z0-9]+)+"
 #: The pytest marker that carries a case's deadline in seconds. Not `timeout`: pytest-timeout
 #: reads that one and would kill the test mid-teardown, leaving the case's processes running.
 TIMEOUT_MARKER = "handoff_timeout"
@@ -47,11 +55,13 @@ class Launch:
 
 @dataclass(frozen=True)
 class Shape:
-    """The request of a case: a prompt of a known token length and a fixed output length."""
+    """The request of a case: a prompt of a known token length, a fixed output length, and the
+    guide its output must keep, if any."""
 
     prompt: str
     prompt_tokens: int
     max_tokens: int
+    guide: Guide | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class Backend(ABC):
     deterministic: ClassVar[bool] = False
     #: Every streamed frame holds exactly one token (an engine that never coalesces tokens).
     one_token_per_frame: ClassVar[bool] = False
+    #: The engine decodes guided output (structured output): a response that completes is
+    #: checked against its guide. The mocker accepts a guide and ignores it.
+    decodes_guides: ClassVar[bool] = False
     #: Why not, for the verdict's note, when `deterministic` is False.
     nondeterministic_because: ClassVar[str] = "its output is not deterministic"
     #: A counter of completed KV transfers that decode workers export on their system port:
@@ -219,6 +232,14 @@ class Backend(ABC):
         """The workers that report a request in flight right now (`in_flight`)."""
         inflight = self.in_flight(workers)
         return [w for w in workers if inflight[w.name] > 0]
+
+    def guide(self, api: str) -> Guide:
+        """The guide of a guided case's request: by default a JSON schema on chat (as
+        `response_format`) and a regular expression on completion. An engine whose model
+        cannot spell what these ask gives one it can."""
+        if api == "chat":
+            return Guide(schema=OBJECT_SCHEMA)
+        return Guide(regex=WORDS_REGEX)
 
     def reference(self, api: str, shape: Shape) -> str | None:
         """The text `shape`'s request must give, computed by handoff from the model's own

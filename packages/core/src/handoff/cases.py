@@ -38,6 +38,7 @@ POLICIES = (
 #: worker's connections (request plane, response streams, NATS), removed once the evidence is in.
 #: broker_stall, broker_loss: SIGSTOP or SIGKILL of the deployment's nats-server mid-request,
 #: resumed or restarted on its port once the response is in.
+#: client_close, close_after_move, close_in_stall: the client leaves (`ABANDONS`).
 FAULTS = (
     "worker_failure",
     "graceful_shutdown",
@@ -47,8 +48,21 @@ FAULTS = (
     "broker_stall",
     "broker_loss",
     "stall_past_lease",
+    "client_close",
+    "close_after_move",
+    "close_in_stall",
 )
 KILLS = ("worker_failure", "graceful_shutdown")
+#: A client that closes its stream, and the worker fault that comes first: none (it leaves
+#: mid-stream), a SIGKILL (it leaves once the successor streams), a SIGSTOP (it leaves while
+#: the holder is stopped, before the frontend's stream timeout would move the request).
+ABANDONS = {
+    "client_close": None,
+    "close_after_move": "worker_failure",
+    "close_in_stall": "worker_stall",
+}
+#: What befalls a worker or the broker while its client waits: every fault but a client's.
+WORKER_FAULTS = tuple(f for f in FAULTS if f not in ABANDONS)
 #: The stall that lasts until the frontend no longer lists the stopped worker.
 PAST_LEASE = "stall_past_lease"
 #: The faults that SIGSTOP the worker's tree.
@@ -81,6 +95,10 @@ CONSTRAINTS = (
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
+#: What a topology's request asks for besides its text: nothing, a guide (structured output),
+#: or two choices (`n` = 2). The last two the frontend must not move (`MAY_NOT_MOVE`).
+REQUESTS = ("plain", "guided", "choices")
+MAY_NOT_MOVE = ("guided", "choices")
 
 #: The five axes of a case, in id order; the topology names the selection a case is in.
 AXES: dict[str, tuple[str, ...]] = {
@@ -136,7 +154,7 @@ class Promise:
             parts.append("every value of " + ", ".join(self.each_value_of))
         for axis, values in self.values_of:
             parts.append(f"each {axis} of " + ", ".join(values))
-        return "; ".join(parts)
+        return "; ".join(parts) or "nothing: its cases run nightly"
 
 
 @dataclass(frozen=True)
@@ -158,16 +176,18 @@ class Topology:
     #: Many requests at once (the backend's `load_requests`), the fault on the worker that
     #: holds the most of them (handoff.load).
     load: bool = False
+    #: What the request asks for besides its text (`REQUESTS`).
+    request: str = "plain"
 
     @property
     def id_axes(self) -> tuple[str, ...]:
         return tuple(a for a in AXES if a not in self.omitted_from_id)
 
     def allowed(self) -> dict[str, tuple[str, ...]]:
-        """Each axis with the values this topology allows."""
+        """Each axis with the values this topology allows: those every restriction allows."""
         values = dict(AXES)
         for r in self.restrictions:
-            values[r.axis] = r.allowed
+            values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
         return values
 
     def restriction_on(self, axis: str, value: str) -> Restriction | None:
@@ -176,6 +196,13 @@ class Topology:
             (r for r in self.restrictions if r.axis == axis and value not in r.allowed), None
         )
 
+
+#: What every topology but `abandoned` says of the client's faults.
+CLIENT_STAYS = Restriction(
+    "fault",
+    WORKER_FAULTS,
+    "a client that leaves is qualified by the abandoned cases",
+)
 
 #: What a pre-merge selection of a few rows promises where the rows cannot cover every policy
 #: in pairs: every pair over fault, api and plane, and every policy once.
@@ -192,6 +219,7 @@ LIFECYCLES_PROMISE = Promise(
 
 #: What the load topologies, of whichever role, do not allow.
 LOAD_RESTRICTIONS = (
+    CLIENT_STAYS,
     Restriction(
         "response",
         ("stream",),
@@ -223,6 +251,62 @@ LOAD = Topology(
     load=True,
 )
 
+#: A request the frontend must not move (`MAY_NOT_MOVE`), faulted while it decodes: a guide
+#: here, two choices in `choices`.
+GUIDED = Topology(
+    name="guided",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "fault",
+            KILLS,
+            "the frontend refuses the move before the first attempt, whatever ends that attempt: "
+            "a kill and a drain show the refusal; a silent worker's request that may not move "
+            "ends as the migration_disabled cases qualify",
+        ),
+    ),
+    omitted_from_id=(),
+    pre_merge_ids=("migration_enabled-worker_failure-chat-stream-nats",),
+    # The one row where the frontend would move any other request.
+    pre_merge_promise=Promise(values_of=(("policy", ("migration_enabled",)),)),
+    request="guided",
+)
+
+#: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
+ABANDONED = Topology(
+    name="abandoned",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "fault",
+            tuple(ABANDONS),
+            "these cases qualify a client that leaves; the other topologies qualify the faults "
+            "of workers and of the broker",
+        ),
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "a client that leaves ends its request whatever the policy, and a close after a "
+            "move needs a policy that moves it: the id leaves the policy out",
+        ),
+        Restriction(
+            "response",
+            ("stream",),
+            "the client closes a stream after tokens it saw; a unary client that hangs up is "
+            "not qualified yet: the id leaves the response out",
+        ),
+    ),
+    omitted_from_id=("policy", "response"),
+    pre_merge_ids=(
+        "client_close-chat-nats",
+        "close_after_move-completion-tcp",
+        "close_in_stall-chat-tcp",
+    ),
+    pre_merge_promise=Promise(each_value_of=("fault",)),
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -230,7 +314,7 @@ TOPOLOGIES: dict[str, Topology] = {
             name="aggregate",
             target_role="aggregate",
             fault_window="decoding",
-            restrictions=(),
+            restrictions=(CLIENT_STAYS,),
             omitted_from_id=(),
             pre_merge_ids=(
                 "migration_enabled-worker_failure-chat-stream-nats",
@@ -276,6 +360,7 @@ TOPOLOGIES: dict[str, Topology] = {
             target_role="decode",
             fault_window="decoding",
             restrictions=(
+                CLIENT_STAYS,
                 Restriction(
                     "response",
                     ("stream",),
@@ -358,6 +443,12 @@ TOPOLOGIES: dict[str, Topology] = {
                 pairs_over=("fault", "api", "plane"), each_value_of=("policy", "response")
             ),
         ),
+        GUIDED,
+        # Nightly only: the frontend refuses to move it by the same rule as a guided request.
+        replace(
+            GUIDED, name="choices", request="choices", pre_merge_ids=(), pre_merge_promise=Promise()
+        ),
+        ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.
         replace(

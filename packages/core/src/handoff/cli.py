@@ -258,8 +258,9 @@ def show_config(backend_name: str, device: str | None) -> int:
     """Every setting's effective value and where it came from."""
     backend = on_device(backend_name, device)
     table = Table(title=f"{backend_name} settings")
-    for column in ("setting", "value", "from"):
-        table.add_column(column, no_wrap=True)
+    table.add_column("setting", no_wrap=True)
+    table.add_column("value", overflow="fold")  # a dict by topology is long: folded, not cut
+    table.add_column("from", no_wrap=True)
     table.add_column("meaning")
     assert backend.configuration is not None
     for key, (_, meaning) in KEYS.items():

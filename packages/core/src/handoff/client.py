@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +19,56 @@ CONNECT_TIMEOUT_S = 5.0
 #: The header whose value Dynamo 1.6.1 takes as the request's id: the response's id
 #: (`chatcmpl-<id>`) and each worker's `request received request_id=<id>` log line carry it.
 REQUEST_ID_HEADER = "x-dynamo-request-id"
+#: Structured output: Dynamo 1.6.1's frontend refuses to migrate a request whose guide it sees
+#: (Dynamo issue 7634, fixed by 7930): a worker that took it over would restart the grammar at
+#: its root while the tokens already sent come back as prompt. A guide in `extra_args`, which
+#: the frontend forwards to the worker unread, is one it does not see (`Guide.hidden`): such a
+#: request is moved like any other, and what the user gets shows why it must not be.
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A JSON schema or a regular expression the output must keep."""
+
+    regex: str | None = None
+    schema: Mapping[str, Any] | None = None
+    #: Carried in `extra_args`, where the worker reads it and the frontend does not.
+    hidden: bool = False
+
+    def fields(self, api: str) -> dict[str, Any]:
+        """The request body's fields that carry the guide."""
+        if self.hidden:
+            decoding = {"regex": self.regex} if self.regex else {"json": self.schema}
+            return {"extra_args": {"sampling_options": {"guided_decoding": decoding}}}
+        if self.regex is not None:
+            return {"guided_regex": self.regex}
+        if api == "chat":
+            schema = {"name": "handoff", "schema": self.schema}
+            return {"response_format": {"type": "json_schema", "json_schema": schema}}
+        return {"guided_json": self.schema}
+
+    def broken(self, text: str) -> str | None:
+        """Where `text` leaves the guide, in one line; None where it keeps it."""
+        if self.regex is not None:
+            if re.fullmatch(self.regex, text):
+                return None
+            kept = next(i for i in range(len(text), -1, -1) if re.fullmatch(self.regex, text[:i]))
+            return (
+                f"the output leaves its guide /{self.regex}/ at character {kept + 1}: "
+                f"{text[kept : kept + 40]!r} (the {kept} characters before it match it whole)"
+            )
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            at = getattr(exc, "pos", 0)
+            return f"the output is not JSON at character {at + 1}: {text[at : at + 40]!r} ({exc})"
+        return None
 
 
 @dataclass(frozen=True)
 class Request:
-    """A deterministic request: temperature 0, EOS ignored, a fixed output length."""
+    """A request of a fixed output length, EOS ignored: deterministic (temperature 0) unless it
+    asks for more than one choice."""
 
     api: str
     stream: bool
@@ -31,6 +78,10 @@ class Request:
     #: Sent as REQUEST_ID_HEADER where set: a worker's log then names the request before the
     #: client has read a byte of it.
     request_id: str | None = None
+    guide: Guide | None = None
+    #: `n`: how many completions of the prompt to generate. Above 1 the frontend requires a
+    #: temperature above 0, so the output is drawn, not the model's one best.
+    choices: int = 1
 
     @property
     def path(self) -> str:
@@ -51,6 +102,10 @@ class Request:
             body["prompt"] = self.prompt
         if self.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.guide is not None:
+            body.update(self.guide.fields(self.api))
+        if self.choices > 1:
+            body.update(n=self.choices, temperature=1.0)
         return body
 
 
@@ -91,6 +146,8 @@ class Response:
     exception: str | None = None
     finished_at: float | None = None
     protocol_errors: list[str] = field(default_factory=list)
+    #: The client hung up (InFlight.close): the transport error that follows is its own.
+    closed_by_client: bool = False
     streamed: bool = False
 
     @property
@@ -123,7 +180,9 @@ class Response:
             parts.append(f"completion_tokens={self.completion_tokens}")
         if self.error is not None:
             parts.append(f"error={json.dumps(self.error)[:200]}")
-        if self.exception:
+        if self.closed_by_client:
+            parts.append("closed by the client")
+        elif self.exception:
             parts.append(f"transport error: {self.exception}")
         parts += self.protocol_errors
         if self.done:
@@ -131,8 +190,15 @@ class Response:
         return ", ".join(parts)
 
 
-def send(base_url: str, request: Request, response: Response, read_timeout_s: float) -> None:
-    """Send `request` and record into `response` as data arrives; never raises."""
+def send(
+    base_url: str,
+    request: Request,
+    response: Response,
+    read_timeout_s: float,
+    opened: Callable[[requests.Response], None] | None = None,
+) -> None:
+    """Send `request` and record into `response` as data arrives; never raises. `opened` is
+    given the HTTP response once its headers are in."""
     response.streamed = request.stream
     try:
         with requests.post(
@@ -142,6 +208,8 @@ def send(base_url: str, request: Request, response: Response, read_timeout_s: fl
             stream=request.stream,
             timeout=(CONNECT_TIMEOUT_S, read_timeout_s),
         ) as http:
+            if opened is not None:
+                opened(http)
             response.status = http.status_code
             response.headers_at = time.monotonic()
             if http.status_code != 200:
@@ -151,7 +219,7 @@ def send(base_url: str, request: Request, response: Response, read_timeout_s: fl
                 _read_stream(http.iter_content(chunk_size=None), response)
             else:
                 _record_frame(http.text, response, "the response body")
-    except requests.RequestException as exc:
+    except (requests.RequestException, OSError) as exc:
         response.exception = f"{type(exc).__name__}: {exc}"
     finally:
         response.finished_at = time.monotonic()
@@ -196,14 +264,27 @@ class InFlight:
         self.request = request
         self.response = Response()
         self.sent_at = time.monotonic()
+        self._http: requests.Response | None = None
         self._thread = threading.Thread(
             target=send,
-            args=(base_url, request, self.response, read_timeout_s),
+            args=(base_url, request, self.response, read_timeout_s, self._opened),
             name=f"handoff-client-{request.api}",
             daemon=True,
         )
         self._thread.start()
 
+    def _opened(self, http: requests.Response) -> None:
+        self._http = http
+
     @property
     def finished(self) -> bool:
         return not self._thread.is_alive()
+
+    def close(self) -> float:
+        """Hang up, as a user who closes the page: the connection is shut down under the
+        reading thread, and the frontend sees its client gone. When, by the monotonic clock."""
+        if self._http is None:
+            raise RuntimeError("the response has not begun: there is no connection to close")
+        self.response.closed_by_client = True
+        self._http.raw.connection.sock.shutdown(socket.SHUT_RDWR)
+        return time.monotonic()

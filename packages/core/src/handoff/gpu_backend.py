@@ -46,11 +46,16 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 CONTEXT_TOKENS = 1024
 #: Output tokens per topology; a team's `max_tokens` setting overrides them one by one. 512
 #: tokens of decoding outlast a SIGKILL and the 2 s graceful bound on any of the engines.
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 512, "kv_transfer": 192, "load": 512}
+OUTPUT_TOKENS = {
+    "aggregate": 512, "decode": 512, "kv_transfer": 192, "load": 512, "guided": 512,
+    "abandoned": 512,
+}  # fmt: skip
 #: Prompt tokens per topology as the engine prefills them. kv_transfer: the 823-token KV
 #: prefix that the prefill worker hands over (823 + 192 = 1,015 of the 1,024-token context).
-#: load: the aggregate's prompt, one per request (vLLM's CPU engine runs it).
-PROMPT_TOKENS = {"aggregate": 64, "decode": 64, "kv_transfer": 823, "load": 64}
+#: load, guided, abandoned: the aggregate's prompt (vLLM's CPU engine runs them).
+PROMPT_TOKENS = {
+    "aggregate": 64, "decode": 64, "kv_transfer": 823, "load": 64, "guided": 64, "abandoned": 64,
+}  # fmt: skip
 TOPOLOGIES = {
     "aggregate": ("aggregate", "aggregate"),
     "decode": ("prefill", "decode", "decode"),
@@ -67,6 +72,20 @@ LOAD_NOT_BUILT = (
     "engine so far: on a GPU, this engine's batch limit and its queued requests are not "
     "measured yet"
 )
+
+#: Why a GPU engine does not run a request that may not move, or a client that leaves, yet.
+FIRST_ON_CPUS = (
+    "qualified on the mocker and on vLLM's CPU engine so far: on a GPU, this engine's guided "
+    "decoding and its cancellation are not measured yet"
+)
+#: The topologies no GPU engine runs yet, each with why.
+NOT_BUILT_ON_GPUS = {
+    "load": LOAD_NOT_BUILT,
+    "decode_load": LOAD_NOT_BUILT,
+    "guided": FIRST_ON_CPUS,
+    "choices": FIRST_ON_CPUS,
+    "abandoned": FIRST_ON_CPUS,
+}
 
 #: One token each for Qwen3 (the first word has no leading space; the others do).
 SENTENCE = ("This", " is", " a", " test", " of", " the", " system", " and", " it", " is",

@@ -19,13 +19,18 @@ end-to-end cases):
   streaming), not the 503.
 - A request already streaming when the NATS broker stops or dies is not touched: its response
   comes back over TCP, it completes, and nothing is counted.
+- A request the frontend must not move (a guided one, one of several choices) is refused a
+  move whatever the policy, with the migration path's 503, counted as a failed move (and a
+  prompt over the sequence cap is still counted as one).
+- A client that leaves is not an error of the system: what must follow is in its counters
+  (`ABANDONED`), and in the workers that stop its request (handoff.responses.abandon).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from handoff.cases import BROKER, SILENT
+from handoff.cases import BROKER, MAY_NOT_MOVE, SILENT
 from handoff.errors import HandoffError
 
 #: The limit Dynamo's own migration tests use when migration is on.
@@ -109,6 +114,16 @@ OUTCOMES = {
 }
 
 
+#: A client that leaves, by lifecycle (cases.ABANDONS): the migrations counted. Leaving before
+#: any fault or while the holder is stopped moves nothing (the frontend must not move a request
+#: whose client has gone); leaving after a move leaves that move counted, and a success.
+ABANDONED = {
+    "client_close": Outcome(None, 0, 0, 0, 0, 0),
+    "close_after_move": Outcome(None, 1, 0, 0, 1, 0),
+    "close_in_stall": Outcome(None, 0, 0, 0, 0, 0),
+}
+
+
 @dataclass(frozen=True)
 class KnownDefect:
     """Where Dynamo breaks its own documented promise: the cases of `fault` are judged by the
@@ -155,8 +170,15 @@ def policy(name: str) -> Policy:
         raise HandoffError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}") from None
 
 
-def expected_outcome(fault_window: str, policy_name: str, fault: str) -> Outcome:
+def expected_outcome(
+    fault_window: str, policy_name: str, fault: str, request: str = "plain"
+) -> Outcome:
+    if fault in ABANDONED:
+        return ABANDONED[fault]
     outcome = OUTCOMES[(fault_window, policy_name)]
+    if request in MAY_NOT_MOVE and outcome.completes:
+        # Refused like a move the policy forbids; the sequence cap is still counted.
+        outcome = replace(outcome, error=SERVICE_UNAVAILABLE, succeeded=0, failed=1)
     if fault in BROKER:
         # What a lost or stalled broker leaves of a request already streaming: its response
         # comes back over TCP, so it completes and nothing is migrated, whatever the policy.

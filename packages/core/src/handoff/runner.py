@@ -13,7 +13,7 @@ import requests
 
 from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, PAST_LEASE, SILENT, Case, topology
+from handoff.cases import ABANDONS, BROKER, PAST_LEASE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -28,7 +28,7 @@ from handoff.policies import (
 )
 from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
-from handoff.responses import load, recovery
+from handoff.responses import abandon, load, recovery
 from handoff.responses.waits import (
     CLIENT_GRACE_S,
     RESPONSE_FIXED_S,
@@ -55,6 +55,8 @@ from handoff.verdict import (
 #: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
 #: bound only costs time when the counter never rises.
 TRANSFER_COUNT_WAIT_S = 5.0
+#: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
+CHOICES = 2
 #: How often the frontend's /metrics is read, as a sign of life, while the response runs.
 FRONTEND_CHECK_S = 1.0
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
@@ -114,7 +116,13 @@ def run_case(
                 pids={p.name: p.pid for p in deployment.processes},
                 ports=deployment.ports,
             )
-            exercised = load.exercise_load if topology(case.topology).load else exercise
+            exercised = (
+                load.exercise_load
+                if topology(case.topology).load
+                else abandon.exercise_abandon
+                if case.fault in ABANDONS
+                else exercise
+            )
             verdict = exercised(deployment, case, settings, deadline, history, draws_before)
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
@@ -238,16 +246,28 @@ def exercise(
     assert deployment.model is not None
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
     shape = backend.shape(case, variant)
+    if where.request == "guided":
+        shape = replace(shape, guide=backend.guide(case.api))
     stream = case.response == "stream"
-    request = Request(case.api, stream, model, shape.prompt, shape.max_tokens)
+    request = Request(
+        case.api,
+        stream,
+        model,
+        shape.prompt,
+        shape.max_tokens,
+        guide=shape.guide,
+        choices=CHOICES if where.request == "choices" else 1,
+    )
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
         pace, shape = paced(
             deployment.base_url, request, len(deployment.workers), seconds, shape, deadline, history
         )
         request = replace(request, max_tokens=shape.max_tokens)
-    expected_text, compared_with = reference_text(
-        deployment, case.api, shape, request, deadline, history
+    expected_text, compared_with = (
+        reference_text(deployment, case.api, shape, request, deadline, history)
+        if request.choices == 1
+        else (None, "")
     )
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
@@ -354,7 +374,7 @@ def exercise(
     # Read now, before anything else reaches the frontend: the count rose when the request
     # arrived, by the prompt as the frontend tokenized it.
     prompt_read = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
-    expected = expected_outcome(where.fault_window, case.policy, case.fault)
+    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
     counts = settled_counts(
         metrics_url, model, counts_before, expected, backend.migration_counts, deadline
     )
@@ -376,6 +396,12 @@ def exercise(
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes
+    if shape.guide is not None and response.status == 200 and response.error is None:
+        if backend.decodes_guides:
+            broken = shape.guide.broken(response.text)
+            evidence += [broken] if broken else []
+        else:
+            notes.append(f"{backend.name} does not decode guided output: its text is not checked")
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
     if case.fault == PAST_LEASE:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import Backend, Launch, Model, Shape
-from handoff.cases import Case, topology
+from handoff.cases import ABANDONS, KILLS, Case, topology
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
 from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt
@@ -66,26 +66,34 @@ class Timing:
 #:   queued one must still wait, when the fault lands.
 #: - prefill: the fault lands during the prefill worker's transfer (1 s, or 3.2 s so that the
 #:   graceful bound passes while it still holds the request), before the first token.
+#: One request on aggregate or decode workers, by fault.
+ONE_REQUEST = {
+    "worker_failure": Timing(32, 400),
+    "graceful_shutdown": Timing(32, 900),
+    "worker_stall": Timing(32, 600),
+    "stall_past_lease": Timing(32, 600),
+    "partition": Timing(32, 600),
+    "broker_stall": Timing(32, 200),
+    "broker_loss": Timing(32, 200),
+    "drain_expired": Timing(32, 900),
+}
 TIMINGS = {
-    ("aggregate", "worker_failure"): Timing(32, 400),
-    ("aggregate", "graceful_shutdown"): Timing(32, 900),
-    ("decode", "worker_failure"): Timing(32, 400),
-    ("decode", "graceful_shutdown"): Timing(32, 900),
-    ("aggregate", "worker_stall"): Timing(32, 600),
-    ("decode", "worker_stall"): Timing(32, 600),
-    ("aggregate", "stall_past_lease"): Timing(32, 600),
-    ("aggregate", "partition"): Timing(32, 600),
-    ("decode", "partition"): Timing(32, 600),
-    ("aggregate", "broker_stall"): Timing(32, 200),
-    ("decode", "broker_stall"): Timing(32, 200),
-    ("aggregate", "broker_loss"): Timing(32, 200),
-    ("decode", "broker_loss"): Timing(32, 200),
-    ("aggregate", "drain_expired"): Timing(32, 900),
-    ("decode", "drain_expired"): Timing(32, 900),
+    **{
+        (name, fault): ONE_REQUEST[fault]
+        for name in ("aggregate", "decode")
+        for fault in topology(name).allowed()["fault"]
+    },
     **{
         (name, fault): Timing(32, 900)
         for name in ("load", "decode_load")
         for fault in topology(name).allowed()["fault"]
+    },
+    # A request that may not move, and a client that leaves: the aggregate's timing of the
+    # worker fault that comes first (a close with none comes while a kill's would).
+    **{(name, fault): ONE_REQUEST[fault] for name in ("guided", "choices") for fault in KILLS},
+    **{
+        ("abandoned", fault): ONE_REQUEST[first or "worker_failure"]
+        for fault, first in ABANDONS.items()
     },
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
@@ -106,6 +114,9 @@ class MockerBackend(Backend):
         "decode": ("prefill", "decode", "decode"),
         "kv_transfer": ("prefill", "decode", "decode"),
         "prefill": ("prefill", "prefill", "decode"),
+        "guided": ("aggregate", "aggregate"),
+        "choices": ("aggregate", "aggregate"),
+        "abandoned": ("aggregate", "aggregate"),
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),
     }

@@ -26,7 +26,12 @@ from importlib.metadata import version
 from pathlib import Path
 
 from handoff.backend import Model
-from handoff.gpu_backend import CONTEXT_TOKENS, LOAD_NOT_BUILT, PREFILL_TOO_SHORT, DynamoGpuBackend
+from handoff.gpu_backend import (
+    CONTEXT_TOKENS,
+    NOT_BUILT_ON_GPUS,
+    PREFILL_TOO_SHORT,
+    DynamoGpuBackend,
+)
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
 
@@ -42,8 +47,7 @@ class SglangBackend(DynamoGpuBackend):
     unsupported = {
         "prefill": "Dynamo's own SGLang prefill migration tests are N/A (skipped), and "
         + PREFILL_TOO_SHORT,
-        "load": LOAD_NOT_BUILT,
-        "decode_load": LOAD_NOT_BUILT,
+        **NOT_BUILT_ON_GPUS,
     }
     worker_ports = ("system", "nccl", "bootstrap", "http")
     role_ports = {

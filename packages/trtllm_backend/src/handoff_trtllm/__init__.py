@@ -31,7 +31,7 @@ from pathlib import Path
 
 from handoff.backend import Model
 from handoff.cases import Restriction
-from handoff.gpu_backend import CONTEXT_TOKENS, LOAD_NOT_BUILT, DynamoGpuBackend
+from handoff.gpu_backend import CONTEXT_TOKENS, NOT_BUILT_ON_GPUS, DynamoGpuBackend
 from handoff.plugins import hookimpl
 
 KV_TOKENS = 4096
@@ -70,8 +70,7 @@ class TrtllmBackend(DynamoGpuBackend):
     unsupported = {
         "prefill": "migration out of a TRT-LLM prefill worker is unsupported: Dynamo's own "
         "prefill migration test is an xfail that timed out",
-        "load": LOAD_NOT_BUILT,
-        "decode_load": LOAD_NOT_BUILT,
+        **NOT_BUILT_ON_GPUS,
     }
     restrictions = (
         Restriction(

@@ -36,11 +36,12 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, Model
-from handoff.cases import KILLS, Restriction, topology
+from handoff.cases import ABANDONS, KILLS, Restriction, topology
+from handoff.client import Guide
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
-    LOAD_NOT_BUILT,
+    NOT_BUILT_ON_GPUS,
     PREFILL_TOO_SHORT,
     SENTENCE,
     TOPOLOGIES,
@@ -101,12 +102,8 @@ class VllmBackend(DynamoGpuBackend):
             "load_requests": cpu.LOAD_REQUESTS,
         }
     }
-    unsupported = {
-        "prefill": "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
-        + PREFILL_TOO_SHORT,
-        "load": LOAD_NOT_BUILT,
-        "decode_load": LOAD_NOT_BUILT,
-    }
+    #: The engine decodes a guide (xgrammar): a response that completes is checked against it.
+    decodes_guides = True
     worker_ports = ("system", "nixl", "kv_events", "rendezvous")
     role_ports = {
         "aggregate": ("system", "kv_events", "rendezvous"),
@@ -132,10 +129,20 @@ class VllmBackend(DynamoGpuBackend):
 
     @property
     def topologies(self) -> dict[str, tuple[str, ...]]:  # type: ignore[override]
-        """On the CPU device, the load topology too (handoff_vllm.cpu.LOAD_ROLES)."""
+        """On the CPU device, the load topology too (handoff_vllm.cpu.LOAD_ROLES), a guided
+        request and a client that leaves."""
         if not self.on_cpu:
             return dict(TOPOLOGIES)
-        return {**TOPOLOGIES, "load": cpu.LOAD_ROLES}
+        aggregate = TOPOLOGIES["aggregate"]
+        return {**TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate}
+
+    @property
+    def unsupported(self) -> dict[str, str]:  # type: ignore[override]
+        """Why not, by topology, on the device chosen."""
+        prefill = "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
+        if not self.on_cpu:
+            return {"prefill": prefill + PREFILL_TOO_SHORT, **NOT_BUILT_ON_GPUS}
+        return {"prefill": prefill + PREFILL_TOO_SHORT, **cpu.NOT_RUN}
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
@@ -147,7 +154,7 @@ class VllmBackend(DynamoGpuBackend):
         return (
             Restriction(
                 "fault",
-                (*KILLS, "worker_stall", "partition"),
+                (*KILLS, "worker_stall", "partition", *ABANDONS),
                 "an expired drain, a stall past the discovery lease and the broker's faults are "
                 "qualified on the mocker",
             ),
@@ -200,13 +207,21 @@ class VllmBackend(DynamoGpuBackend):
             return f"t{rule.ANCHOR} " + word_tokenizer.prompt(tokens - 1, variant)
         return super().prompt(tokens, api, variant)
 
+    def guide(self, api: str) -> Guide:
+        """The built-in model's words cannot spell JSON: its guide is a regular expression
+        (`cpu.GUIDE`) that opens with a word the model never gives by itself."""
+        return cpu.GUIDE if self.builds_model else super().guide(api)
+
     def reference(self, api: str, shape) -> str | None:
-        """The built-in model's output by its rule (handoff_vllm.rule), computed here."""
+        """The built-in model's output by its rule (handoff_vllm.rule), computed here: under
+        its guide, the guide's opening word, then the rule's continuation after it."""
         if not self.builds_model:
             return None
-        context = rule.context_of(shape.prompt, api)
+        opening = [cpu.GUIDE_OPENING] if shape.guide is not None else []
+        context = rule.context_of(shape.prompt, api) + opening
+        tokens = opening + rule.continuation(context, shape.max_tokens - len(opening))
         # Dynamo's detokenizer gives every word of the output with its leading space.
-        return "".join(f" {w}" for w in rule.words(rule.continuation(context, shape.max_tokens)))
+        return "".join(f" {w}" for w in rule.words(tokens))
 
     def output_seconds(self, case) -> float | None:
         """On the CPU, where the pace differs most between machines: `max_tokens` is then

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from handoff.client import Guide
 from handoff.machine.services import LOOPBACK
 
 BLOCK_TOKENS = 32
@@ -70,12 +71,18 @@ NICENESS = 10
 #: find the holder, count the transfer, prove it in flight), 1-3 s each: twice 1,024 tokens
 #: (7 s) ran out first (benchmarks/RESULTS.md). A 4,096-token context gives it 2,048.
 CONTEXT_TOKENS = 4096
-OUTPUT_TOKENS = {"aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 512}
+OUTPUT_TOKENS = {
+    "aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 512, "guided": 512,
+    "abandoned": 512,
+}  # fmt: skip
 #: Those lengths are what this machine needs, at most: on a slower one, a case's request gets
 #: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace),
 #: so that its stream lasts as long as the harness needs, not five times longer. Each is above
 #: the length's streaming time here, so that only a slower machine cuts it.
-OUTPUT_SECONDS = {"aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0, "load": 6.0}
+OUTPUT_SECONDS = {
+    "aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0, "load": 6.0, "guided": 10.0,
+    "abandoned": 10.0,
+}  # fmt: skip
 #: The frontend's stream timeout in the stall and partition cases, in whole seconds. It also
 #: times the successor's first token, and a move's re-issued prefill on the CPU can outlast the
 #: GPU's 3 s; it must also leave the stalled worker, resumed right after the move, well inside
@@ -96,12 +103,28 @@ LOAD_KILLS_ONLY = (
     "a stall or a cut under load needs a stream timeout above the queue waits, which here "
     "outlives the discovery lease: qualified on the mocker (docs/cases.md)"
 )
+#: What the CPU engine does not run, by topology, and why.
+NOT_RUN = {
+    "decode_load": "the aggregate load cases qualify many requests on vLLM's CPU engine; a "
+    "prefill worker and three decode workers sharing 2 cores are not measured there",
+    "choices": "its workers decode one sequence at a time (--max-num-seqs 1), so the worker "
+    "refuses a request for two choices before the frontend's refusal to move it could show: "
+    "qualified on the mocker",
+}
+#: The guide of a guided case: the word `GUIDE_OPENING` first, which the model never gives by
+#: itself (its outputs are t100 and above), then only the model's own words. A worker that took
+#: the request over would restart the guide and give the opening word again, mid-output.
+GUIDE_OPENING = 5
+GUIDE = Guide(regex=rf"( ?t{GUIDE_OPENING})( ?t[1-9][0-9]{{2,3}})+")
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
 #: machine (39.0, 114.4, 109.6 and 78.5 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
-TIMEOUTS = {"aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0}
+TIMEOUTS = {
+    "aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0, "guided": 120.0,
+    "abandoned": 120.0,
+}  # fmt: skip
 #: Aggregate pools: one spare. A start is about 15 s, mostly of one core, so a spare overlaps
 #: the case before the one that needs it; more spares start at once and slow each other: the
 #: 8 aggregate cases took 91.9 s pooled with one spare, 103.7 s with three (five workers
