@@ -43,6 +43,7 @@ from handoff.responses.waits import (
     reference_text,
     settled_counts,
     sized_for_queues,
+    undisturbed,
 )
 from handoff.verdict import (
     Verdict,
@@ -269,6 +270,8 @@ def exercise(
         if request.choices == 1
         else (None, "")
     )
+    if shape.guide is not None and backend.decodes_guides:
+        guide_kept(deployment, request, expected_text, deadline, history)
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
@@ -425,6 +428,28 @@ def exercise(
     )
     verdict.notes = notes
     return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
+
+
+def guide_kept(
+    deployment: Deployment,
+    request: Request,
+    expected_text: str | None,
+    deadline: Deadline,
+    history: History,
+) -> None:
+    """Before the fault, proof that the engine decodes the guide: the request undisturbed keeps
+    it, and gives the reference where there is one. Else a refusal to move it would prove
+    nothing of a guided request."""
+    text = undisturbed(deployment, request, deadline, history)
+    if broken := request.guide.broken(text) if request.guide else None:
+        raise CaseFailure(f"the engine does not keep the guide undisturbed: {broken}")
+    at = continuity.first_divergence(expected_text, text) if expected_text is not None else None
+    if at is not None:
+        raise CaseFailure(
+            f"undisturbed, the guided request departs from the reference at character {at + 1}: "
+            f"{expected_text[at : at + 40]!r} expected, {text[at : at + 40]!r} received"
+        )
+    history.record("guide_kept", characters=len(text))
 
 
 def migration_evidence(
