@@ -21,9 +21,9 @@ CONNECT_TIMEOUT_S = 5.0
 REQUEST_ID_HEADER = "x-dynamo-request-id"
 #: Structured output: Dynamo 1.6.1's frontend refuses to migrate a request whose guide it sees
 #: (Dynamo issue 7634, fixed by 7930): a worker that took it over would restart the grammar at
-#: its root while the tokens already sent come back as prompt. A guide in `extra_args`, which
-#: the frontend forwards to the worker unread, is one it does not see (`Guide.hidden`): such a
-#: request is moved like any other, and what the user gets shows why it must not be.
+#: its root while the tokens already sent come back as prompt. It sees every guide a request
+#: can carry; one that a worker imposes by itself (`Guide.hidden`) it cannot see, and moves such
+#: a request like any other: what the user gets then shows why it must not.
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,13 @@ class Guide:
 
     regex: str | None = None
     schema: Mapping[str, Any] | None = None
-    #: Carried in `extra_args`, where the worker reads it and the frontend does not.
+    #: Imposed by the worker, not sent with the request: the frontend cannot see it.
     hidden: bool = False
 
     def fields(self, api: str) -> dict[str, Any]:
         """The request body's fields that carry the guide."""
         if self.hidden:
-            decoding = {"regex": self.regex} if self.regex else {"json": self.schema}
-            return {"extra_args": {"sampling_options": {"guided_decoding": decoding}}}
+            return {}
         if self.regex is not None:
             return {"guided_regex": self.regex}
         if api == "chat":
@@ -52,10 +51,12 @@ class Guide:
         if self.regex is not None:
             if re.fullmatch(self.regex, text):
                 return None
-            kept = next(i for i in range(len(text), -1, -1) if re.fullmatch(self.regex, text[:i]))
+            openings = range(len(text) - 1, 0, -1)
+            kept = next((i for i in openings if re.fullmatch(self.regex, text[:i])), 0)
             return (
                 f"the output leaves its guide /{self.regex}/ at character {kept + 1}: "
-                f"{text[kept : kept + 40]!r} (the {kept} characters before it match it whole)"
+                f"{text[kept : kept + 40]!r} (the longest opening it matches whole: {kept} "
+                f"characters)"
             )
         try:
             json.loads(text)

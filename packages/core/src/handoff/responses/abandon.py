@@ -209,6 +209,8 @@ def stop_problems(
             problems.append(f"{worker.name} went on with the request after its client left: {exc}")
             continue
         history.record("request_stopped", worker=worker.name, seconds=round(stopped_s, 3))
+    if problems:  # what a worker that never stopped counted cannot be read from it
+        return problems
     if last is None:
         return [*problems, f"{held[-1]}, which held the request last, is gone: nothing to judge"]
     found = ended_because(last, rid, deadline)
