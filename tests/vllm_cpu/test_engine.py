@@ -207,3 +207,49 @@ def test_a_killed_run_is_reaped_by_the_next_engines_included(runs):
     runs.kill_and_reap(run, started)
     runs.assert_clean(started)
     runs.next_run_is_clean()
+
+
+#: Starts Dynamo's vLLM worker with a guide of its own on every request it serves (its first
+#: argument, a regular expression), whatever the request says: a deployment that imposes
+#: structured output on the worker's side, which the frontend cannot see.
+IMPOSED_GUIDE = """
+import runpy, sys
+from vllm.sampling_params import StructuredOutputsParams
+from dynamo.vllm import handlers
+regex, built = sys.argv[1], handlers.build_sampling_params
+
+def guided(*args, **kwargs):
+    params = built(*args, **kwargs)
+    params.structured_outputs = StructuredOutputsParams(regex=regex)
+    return params
+
+handlers.build_sampling_params = guided
+sys.argv = ["dynamo.vllm", *sys.argv[2:]]
+runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
+"""
+
+
+class ImposedGuide(VllmBackend):
+    """Its workers impose the guided case's guide themselves, and its requests carry none: the
+    frontend takes them for requests it may move, as one without Dynamo's fix 7930 took guided
+    ones, and the worker that takes one over starts the guide again."""
+
+    def guide(self, api):
+        return replace(super().guide(api), hidden=True)
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        python, module = launch.argv[0], launch.argv.index("-m")
+        argv = [python, "-c", IMPOSED_GUIDE, self.guide("chat").regex, *launch.argv[module + 2 :]]
+        return replace(launch, argv=argv)
+
+
+def test_a_guided_request_moved_anyway_fails_for_its_guide(vllm_cpu, tmp_path):
+    imposed = ImposedGuide()
+    imposed.configure(vllm_cpu.configuration)
+    case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "guided")
+    result = run_case(imposed, case, tmp_path, SETTINGS, TIMEOUT_S)
+    reasons = reasons_of(result)
+    assert "requires an API error after the fault, but the response ended without one" in reasons
+    # The successor gave the guide's opening word again, mid-output.
+    assert "the output leaves its guide" in reasons and ": ' t5 t" in reasons
