@@ -212,8 +212,9 @@ def stop_problems(
     if problems:  # what a worker that never stopped counted cannot be read from it
         return problems
     if last is None:
-        return [*problems, f"{held[-1]}, which held the request last, is gone: nothing to judge"]
+        return [f"{held[-1]}, which held the request last, is gone: nothing to judge"]
     found = ended_because(last, rid, deadline)
+    history.record("request_ended", worker=last.name, logged=sorted(found or ()))
     if found is None:
         problems.append(f"{last.name} never logged {ENDED!r} for the request {rid}")
         found = set()
@@ -223,8 +224,15 @@ def stop_problems(
             + ("" if case.fault != "close_in_stall" else f" or {UNSENT!r}")
         )
     rises = 1 if CANCELLED in found else 0
-    after = Readings.take(deployment, alive, deadline)
-    for worker in alive:
+    # Every live worker that was counted before, or held the request: a successor started
+    # after the fault that never held it may not answer yet, and took nothing.
+    counted = [
+        w
+        for w in deployment.workers
+        if w.process.exit_code() is None and (w.name in before.workers or w.name in held)
+    ]
+    after = Readings.take(deployment, counted, deadline)
+    for worker in counted:
         want = rises if worker is last else 0
         got = after.workers[worker.name] - before.workers.get(worker.name, 0.0)
         if got != want:
