@@ -401,8 +401,7 @@ def exercise(
         evidence, notes = evidence + kept.problems, kept.notes
     if shape.guide is not None and response.status == 200 and response.error is None:
         if backend.decodes_guides:
-            broken = shape.guide.broken(response.text)
-            evidence += [broken] if broken else []
+            evidence += guided_problems(request, response.text, expected_text)
         else:
             notes.append(f"{backend.name} does not decode guided output: its text is not checked")
     mode = backend.migration_counts
@@ -441,15 +440,22 @@ def guide_kept(
     it, and gives the reference where there is one. Else a refusal to move it would prove
     nothing of a guided request."""
     text = undisturbed(deployment, request, deadline, history)
-    if broken := request.guide.broken(text) if request.guide else None:
-        raise CaseFailure(f"the engine does not keep the guide undisturbed: {broken}")
+    if problems := guided_problems(request, text, expected_text):
+        raise CaseFailure(f"undisturbed, the guided request fails: {'; '.join(problems)}")
+    history.record("guide_kept", characters=len(text))
+
+
+def guided_problems(request: Request, text: str, expected_text: str | None) -> list[str]:
+    """Where a guided response's text leaves its guide, and where it departs from the
+    reference (or baseline), each named by its first bad character."""
+    problems = [broken] if request.guide and (broken := request.guide.broken(text)) else []
     at = continuity.first_divergence(expected_text, text) if expected_text is not None else None
     if at is not None:
-        raise CaseFailure(
-            f"undisturbed, the guided request departs from the reference at character {at + 1}: "
+        problems.append(
+            f"the guided output departs from the reference at character {at + 1}: "
             f"{expected_text[at : at + 40]!r} expected, {text[at : at + 40]!r} received"
         )
-    history.record("guide_kept", characters=len(text))
+    return problems
 
 
 def migration_evidence(
