@@ -399,11 +399,10 @@ def exercise(
         )
         history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
         evidence, notes = evidence + kept.problems, kept.notes
-    if shape.guide is not None and response.status == 200 and response.error is None:
-        if backend.decodes_guides:
-            evidence += guided_problems(request, response.text, expected_text)
-        else:
-            notes.append(f"{backend.name} does not decode guided output: its text is not checked")
+    if shape.guide is not None and not backend.decodes_guides:
+        notes.append(f"{backend.name} does not decode guided output: its text is not checked")
+    elif shape.guide is not None and response.status == 200 and response.error is None:
+        evidence += guided_problems(request, response.text, expected_text)
     mode = backend.migration_counts
     evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
     if case.fault == PAST_LEASE:
