@@ -34,8 +34,8 @@ CLOSE_COUNTERS = (
 WORKER_CANCELLATIONS = "dynamo_component_cancellation_total"
 #: The lines a worker's log gives a request (with its id): its end, the frontend's
 #: cancellation taken (its counter rises by one), and a response it could not send because the
-#: stream had gone. A worker stops on whichever it meets first, running or resumed: both ways
-#: were seen in every lifecycle (Dynamo 1.6.1, measured: docs/cases.md).
+#: stream had gone. A worker stops on whichever it meets first: a running one and a resumed
+#: one were each seen to stop either way (Dynamo 1.6.1, measured: docs/cases.md).
 ENDED = "request completed"
 CANCELLED = "request cancellation received"
 UNSENT = "Failed to publish response for stream"
