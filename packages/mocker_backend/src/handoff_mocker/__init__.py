@@ -66,7 +66,9 @@ class Timing:
 #:   queued one must still wait, when the fault lands.
 #: - prefill: the fault lands during the prefill worker's transfer (1 s, or 3.2 s so that the
 #:   graceful bound passes while it still holds the request), before the first token.
-#: One request on aggregate or decode workers, by fault.
+#: - guided, choices, abandoned: the aggregate's timing of the worker fault that comes first
+#:   (a close with none comes when a kill would).
+#: `ONE_REQUEST` holds the aggregate's and the decode topology's, by fault.
 ONE_REQUEST = {
     "worker_failure": Timing(32, 400),
     "graceful_shutdown": Timing(32, 900),
@@ -88,8 +90,6 @@ TIMINGS = {
         for name in ("load", "decode_load")
         for fault in topology(name).allowed()["fault"]
     },
-    # A request that may not move, and a client that leaves: the aggregate's timing of the
-    # worker fault that comes first (a close with none comes while a kill's would).
     **{(name, fault): ONE_REQUEST[fault] for name in ("guided", "choices") for fault in KILLS},
     **{
         ("abandoned", fault): ONE_REQUEST[first or "worker_failure"]
