@@ -95,9 +95,8 @@ CONSTRAINTS = (
 APIS = ("chat", "completion")
 RESPONSES = ("stream", "unary")
 PLANES = ("nats", "tcp")
-#: What a topology's request asks for besides its text: nothing, a guide (structured output),
-#: or two choices (`n` = 2). The last two the frontend must not move (`MAY_NOT_MOVE`).
-REQUESTS = ("plain", "guided", "choices")
+#: The requests the frontend must not move (`Topology.request`): a guided one (structured
+#: output), and one of two choices (`n` = 2).
 MAY_NOT_MOVE = ("guided", "choices")
 
 #: The five axes of a case, in id order; the topology names the selection a case is in.
@@ -176,7 +175,7 @@ class Topology:
     #: Many requests at once (the backend's `load_requests`), the fault on the worker that
     #: holds the most of them (handoff.load).
     load: bool = False
-    #: What the request asks for besides its text (`REQUESTS`).
+    #: What the request asks for besides its text: "plain" (nothing), or one of `MAY_NOT_MOVE`.
     request: str = "plain"
 
     @property

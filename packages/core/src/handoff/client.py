@@ -60,8 +60,8 @@ class Guide:
             )
         try:
             json.loads(text)
-        except ValueError as exc:
-            at = getattr(exc, "pos", 0)
+        except json.JSONDecodeError as exc:
+            at = exc.pos
             return f"the output is not JSON at character {at + 1}: {text[at : at + 40]!r} ({exc})"
         return None
 

@@ -140,9 +140,8 @@ class VllmBackend(DynamoGpuBackend):
     def unsupported(self) -> dict[str, str]:  # type: ignore[override]
         """Why not, by topology, on the device chosen."""
         prefill = "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
-        if not self.on_cpu:
-            return {"prefill": prefill + PREFILL_TOO_SHORT, **NOT_BUILT_ON_GPUS}
-        return {"prefill": prefill + PREFILL_TOO_SHORT, **cpu.NOT_RUN}
+        not_built = cpu.NOT_RUN if self.on_cpu else NOT_BUILT_ON_GPUS
+        return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built}
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
