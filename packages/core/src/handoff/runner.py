@@ -30,6 +30,7 @@ from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
 from handoff.responses import abandon, load, recovery
 from handoff.responses.waits import (
+    BASELINE,
     CLIENT_GRACE_S,
     RESPONSE_FIXED_S,
     RESPONSE_SLOWER_BY,
@@ -271,7 +272,7 @@ def exercise(
         else (None, "")
     )
     if shape.guide is not None and backend.decodes_guides:
-        guide_kept(deployment, request, expected_text, deadline, history)
+        guide_kept(deployment, request, expected_text, compared_with, deadline, history)
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
@@ -432,13 +433,18 @@ def guide_kept(
     deployment: Deployment,
     request: Request,
     expected_text: str | None,
+    compared_with: str,
     deadline: Deadline,
     history: History,
 ) -> None:
     """Before the fault, proof that the engine decodes the guide: the request undisturbed keeps
     it, and gives the reference where there is one. Else a refusal to move it would prove
-    nothing of a guided request."""
-    text = undisturbed(deployment, request, deadline, history)
+    nothing of a guided request. A baseline (`compared_with`) is that request undisturbed
+    already: it is not sent again."""
+    if compared_with == BASELINE:
+        text, expected_text = str(expected_text), None
+    else:
+        text = undisturbed(deployment, request, deadline, history)
     if problems := guided_problems(request, text, expected_text):
         raise CaseFailure(f"undisturbed, the guided request fails: {'; '.join(problems)}")
     history.record("guide_kept", characters=len(text))

@@ -493,7 +493,7 @@ def request_problems(
     outcome: Outcome,
     policy_name: str,
     backend: Backend,
-    compared_with: str = "the reference",
+    compared_with: str = waits.REFERENCE,
 ) -> list[str]:
     """One request against its promise: a request the fault cut ends as the policy says; any
     other completes whatever the policy. A complete response is whole (tokens, usage, one

@@ -134,6 +134,10 @@ def fault_env(case: Case, settings: Settings) -> dict[str, str]:
     return {}
 
 
+#: What `reference_text` calls the text it gives.
+REFERENCE, BASELINE = "the reference", "the undisturbed baseline"
+
+
 def reference_text(
     deployment: Deployment,
     api: str,
@@ -147,9 +151,9 @@ def reference_text(
     of the same request; else None."""
     backend = deployment.backend
     if (text := backend.reference(api, shape)) is not None:
-        return text, "the reference"
+        return text, REFERENCE
     if backend.deterministic:
-        return undisturbed(deployment, request, deadline, history), "the undisturbed baseline"
+        return undisturbed(deployment, request, deadline, history), BASELINE
     return None, ""
 
 
