@@ -112,8 +112,14 @@ def exercise_abandon(
         report = recovery.send_fault(first, holder, inflight, settings, deadline, None, history)
         recovery.record_fault(deployment, holder, report, history)
         heal = recovery.Heal(holder, report, history) if first in STALLS else None
-    if case.fault == "close_after_move":
-        await_chunks(inflight, chunks() + settings.in_flight_tokens, deadline)
+    if case.fault == "close_after_move":  # the client leaves once the successor streams it
+        survivors = [w for w in targets if w is not holder]
+        successor = faults.find_holder(backend, survivors, inflight, deadline)
+        proof = faults.prove_in_flight(
+            backend, successor, inflight, chunks, where.fault_window,
+            chunks() + settings.in_flight_tokens, "streamed content chunks", deadline,
+        )  # fmt: skip
+        history.record("moved_in_flight", worker=successor.name, how=proof)
     if inflight.finished:
         raise CaseFailure(
             f"missed the window: the response ended before the client could leave it: "
@@ -144,21 +150,6 @@ def exercise_abandon(
     gone = holder if holder.process.exit_code() is not None else None
     problems += load.idle_problems(deployment, gone, metrics_url, deadline, history)
     return Verdict(passed=not problems, reasons=problems, phase=history.phase)
-
-
-def await_chunks(inflight: InFlight, wanted: int, deadline: Deadline) -> None:
-    """Until the stream holds `wanted` content chunks: the request moved and streams again."""
-
-    def probe() -> tuple[bool | None, str]:
-        if inflight.finished:
-            raise CaseFailure(
-                f"the request did not stream again after the fault: {inflight.response.summary()}"
-            )
-        return (True if inflight.response.content_chunks >= wanted else None), (
-            inflight.response.summary()
-        )
-
-    poll_until(probe, deadline, f"{wanted} content chunks, the successor's among them")
 
 
 def unmoved_while_stopped(
