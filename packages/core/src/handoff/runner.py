@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -504,10 +503,10 @@ def await_response(
     before: metrics.MigrationCounts,
     deadline: Deadline,
     history: History,
-    on_migration: Callable[[], None] | None = None,
+    heal: recovery.Heal | None = None,
 ) -> None:
-    """Wait for the response to end, noting when the frontend first counts a migration (and
-    calling `on_migration` then)."""
+    """Wait for the response to end, noting when the frontend first counts a migration; from
+    then on `heal` decides when the faulted worker is back (`recovery.Heal.after_move`)."""
     migration = FirstMigration(metrics_url, model, before, history)
     checked = [time.monotonic()]
 
@@ -516,8 +515,9 @@ def await_response(
             # Read until the migration shows, then once a second: a frontend that stops
             # answering while the client waits fails the case in seconds, by name.
             checked[0] = time.monotonic()
-            if migration.read() and on_migration:
-                on_migration()
+            migration.read()
+        if migration.seen is not None and heal is not None:
+            heal.after_move(inflight)
         return (True if inflight.finished else None), inflight.response.summary()
 
     poll_until(probe, deadline, "the response to finish")

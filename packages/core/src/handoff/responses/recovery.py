@@ -15,7 +15,7 @@ import requests
 from handoff import client, faults, metrics
 from handoff.backend import Worker
 from handoff.cases import BROKER, STALLS
-from handoff.client import Request, Response
+from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
 from handoff.history import History
@@ -34,6 +34,9 @@ LEASE_BOUND_S = 30.0
 #: Dynamo 1.6.1's discovery lease: its file store drops a worker's entries once they are this
 #: old (its keep-alive touches them every third of it). A stall longer than this may outlive it.
 DISCOVERY_LEASE_S = 10.0
+#: The latest a stalled worker is resumed, in seconds after its stop, whether or not the
+#: successor has streamed: three quarters of the lease, so that its keep-alive runs in time.
+RESUME_BY_S = 0.75 * DISCOVERY_LEASE_S
 #: What the resumed worker is asked, one short request at a time, until it serves one.
 REJOIN_TOKENS = 4
 #: How long that refusal may take: every attempt the migration limit allows, each a timeout,
@@ -90,16 +93,36 @@ def record_fault(
 
 
 class Heal:
-    """Heals a stalled or cut-off worker, once: SIGCONT, or the partition's rules removed. Called
-    as soon as the frontend has moved what the worker held, so that a response still streaming
-    from a successor is judged with the worker back (it must take no late token from it); any
-    later, a stall outlives the worker's discovery lease on a slow engine (vLLM on a CPU), and
-    Dynamo 1.6.1 never routes to it again (docs/known-issues.md). Called again once the
-    responses have ended, in case the frontend never counted the move."""
+    """Heals a stalled or cut-off worker, once: SIGCONT, or the partition's rules removed.
+
+    A partition is healed as soon as the frontend has moved what the worker held, so that a
+    response still streaming from a successor is judged with the worker back (it must take no
+    late token from it). A stalled worker waits a little longer, until the successor has
+    streamed (`after_move`): resumed within milliseconds of the move, it can miss the
+    frontend's cancellation, decode the request it lost for seconds, and hold up the request
+    re-issued under the same id until the user's stream is closed (docs/known-issues.md).
+    Either way it is back long before its discovery lease runs out (`RESUME_BY_S`): a stall
+    that outlives it leaves Dynamo 1.6.1 never routing to the worker again. Called again once
+    the responses have ended, in case the frontend never counted the move."""
 
     def __init__(self, holder: Worker, report: faults.FaultReport, history: History) -> None:
+        """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here."""
         self.holder, self.report, self.history = holder, report, history
+        self.resume_by = time.monotonic() + RESUME_BY_S
+        self.streamed_at_move: int | None = None
         self.done = False
+
+    def after_move(self, inflight: InFlight) -> None:
+        """Called on every look at the response once the frontend has counted the move."""
+        if self.streamed_at_move is None:
+            self.streamed_at_move = inflight.response.content_chunks
+        if (
+            self.report.fault not in STALLS
+            or inflight.response.content_chunks > self.streamed_at_move
+            or inflight.finished
+            or time.monotonic() >= self.resume_by
+        ):
+            self()
 
     def __call__(self) -> None:
         if self.done:

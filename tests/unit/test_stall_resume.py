@@ -1,0 +1,85 @@
+"""When a faulted worker is back once the frontend has moved its request: a partition at once,
+a stalled worker once the successor has streamed, the response has ended, or the lease-bound
+deadline has come, and never twice."""
+
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from handoff.faults import FaultReport
+from handoff.history import History
+from handoff.responses.recovery import RESUME_BY_S, Heal
+
+
+class Holder:
+    """A worker whose tree records the signals it gets."""
+
+    def __init__(self) -> None:
+        self.name = "worker-1-decode"
+        self.signals: list[int] = []
+        self.process = SimpleNamespace(signal_tree=self.signals.append)
+
+
+class Cut:
+    def __init__(self) -> None:
+        self.healed = 0
+
+    def heal(self) -> None:
+        self.healed += 1
+
+    def dropped(self) -> int:
+        return 7
+
+
+def report(fault: str, cut: Cut | None = None) -> FaultReport:
+    return FaultReport(fault, "worker-1-decode", 1, ("SIGSTOP",), False, cut=cut)
+
+
+def response(chunks: int, finished: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(response=SimpleNamespace(content_chunks=chunks), finished=finished)
+
+
+def resumes(history: History) -> list[dict]:
+    return [e.data for e in history.events if e.name == "worker_resumed"]
+
+
+def test_a_stalled_worker_stays_stopped_until_the_successor_streams_then_resumes_once():
+    holder, history = Holder(), History()
+    heal = Heal(holder, report("worker_stall"), history)
+    heal.after_move(response(12))  # the move counted; nothing from the successor yet
+    heal.after_move(response(12))
+    assert holder.signals == [] and not heal.done
+    heal.after_move(response(13))
+    heal.after_move(response(14))
+    heal()
+    assert holder.signals == [signal.SIGCONT]
+    assert len(resumes(history)) == 1
+
+
+def test_a_stalled_worker_resumes_when_the_response_ends_without_a_successor():
+    holder = Holder()
+    heal = Heal(holder, report("worker_stall"), History())
+    heal.after_move(response(12))
+    heal.after_move(response(12, finished=True))
+    assert holder.signals == [signal.SIGCONT]
+
+
+def test_a_stalled_worker_resumes_by_the_lease_bound_deadline_whatever_the_successor_does():
+    holder = Holder()
+    heal = Heal(holder, report("worker_stall"), History())
+    assert heal.resume_by - time.monotonic() == pytest.approx(RESUME_BY_S, abs=0.5)
+    heal.after_move(response(12))
+    heal.resume_by = time.monotonic() - 0.01
+    heal.after_move(response(12))
+    assert holder.signals == [signal.SIGCONT]
+
+
+def test_a_partition_heals_as_soon_as_the_move_is_counted():
+    holder, cut, history = Holder(), Cut(), History()
+    heal = Heal(holder, report("partition", cut), history)
+    heal.after_move(response(12))
+    heal.after_move(response(13))
+    assert cut.healed == 1 and holder.signals == []
+    assert resumes(history)[0]["packets_dropped"] == 7
