@@ -34,8 +34,9 @@ LEASE_BOUND_S = 30.0
 #: Dynamo 1.6.1's discovery lease: its file store drops a worker's entries once they are this
 #: old (its keep-alive touches them every third of it). A stall longer than this may outlive it.
 DISCOVERY_LEASE_S = 10.0
-#: The latest a stalled worker is resumed, in seconds after its stop, whether or not the
-#: successor has streamed: three quarters of the lease, so that its keep-alive runs in time.
+#: The latest a stalled worker is resumed once its move is counted, in seconds after its stop,
+#: whether or not the successor has streamed: three quarters of the lease, so that its
+#: keep-alive runs in time.
 RESUME_BY_S = 0.75 * DISCOVERY_LEASE_S
 #: What the resumed worker is asked, one short request at a time, until it serves one.
 REJOIN_TOKENS = 4
@@ -101,9 +102,10 @@ class Heal:
     streamed (`after_move`): resumed within milliseconds of the move, it can miss the
     frontend's cancellation, decode the request it lost for seconds, and hold up the request
     re-issued under the same id until the user's stream is closed (docs/known-issues.md).
-    Either way it is back long before its discovery lease runs out (`RESUME_BY_S`): a stall
-    that outlives it leaves Dynamo 1.6.1 never routing to the worker again. Called again once
-    the responses have ended, in case the frontend never counted the move."""
+    Once the move is counted, it is back long before its discovery lease runs out
+    (`RESUME_BY_S`): a stall that outlives it leaves Dynamo 1.6.1 never routing to the worker
+    again. Called again once the responses have ended, in case the frontend never counted the
+    move: until then a stall stays a stall, so that a frontend that never moves it hangs."""
 
     def __init__(self, holder: Worker, report: faults.FaultReport, history: History) -> None:
         """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here."""
