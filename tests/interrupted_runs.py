@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from handoff.deployment import ANSI
+from handoff.worker_logs import ANSI
 from handoff.machine.ports import bindable, listener
 from handoff.polling import Deadline, poll_until
 

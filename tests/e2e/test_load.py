@@ -6,7 +6,7 @@ import signal
 import threading
 from typing import ClassVar
 
-from handoff import client, faults, runner
+from handoff import client, faults, runner, worker_logs
 from handoff.cases import Case
 from handoff.policies import POLICIES
 from handoff.polling import Deadline, poll_until
@@ -123,7 +123,7 @@ def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migrati
         ids = {h.request.request_id for h in seen["held"]}
 
         def moved_to():
-            twice = [w for w in load.received(seen["workers"], ids).values() if len(w) > 1]
+            twice = [w for w in worker_logs.received(seen["workers"], ids).values() if len(w) > 1]
             return (twice[0][-1] if twice else None), "no request received twice yet"
 
         second = poll_until(moved_to, Deadline(30), "a cut request to reach another worker")

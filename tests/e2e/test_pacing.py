@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from handoff.cases import Case
-from handoff.continuity import ANSI
+from handoff.worker_logs import ANSI
 from handoff.machine import pace
 from handoff.polling import Deadline, poll_until
 from handoff.runner import Settings, run_case

@@ -21,7 +21,6 @@ from handoff.responses.load import (
     classify,
     expected_counts,
     load_bound,
-    received,
     request_problems,
     settled,
 )
@@ -121,24 +120,6 @@ def test_no_stream_decoding_and_no_speed_of_its_own_leaves_nothing_to_bound_by()
     case = Case("migration_enabled", "worker_failure", "chat", "stream", "tcp", "load")
     with pytest.raises(CaseFailure, match="nothing to bound the rest by"):
         load_bound(requests, case, Settings(), 0.0, 0.2, 2, 2, None)
-
-
-def log_line(request_id: str) -> str:
-    return (
-        "\x1b[2m2026-12-03T11:37:12.722454Z\x1b[0m \x1b[32m INFO\x1b[0m handle_payload: "
-        "push_handler: request received \x1b[3mrequest_id\x1b[0m\x1b[2m=\x1b[0m"
-        f"{request_id} component=backend\n"
-    )
-
-
-def test_a_request_is_where_a_workers_log_says_it_was_received(tmp_path: Path):
-    logs = {"a": "".join(map(log_line, ["id-1", "another-case"])), "b": log_line("id-2")}
-    workers = []
-    for name, text in logs.items():
-        (tmp_path / f"{name}.log").write_text(text)
-        process = SimpleNamespace(log_path=tmp_path / f"{name}.log")
-        workers.append(SimpleNamespace(name=name, process=process))
-    assert received(workers, {"id-1", "id-2", "id-3"}) == {"id-1": ["a"], "id-2": ["b"]}
 
 
 def test_a_load_case_reports_the_p50_and_p99_pause_of_the_streams_the_fault_cut():

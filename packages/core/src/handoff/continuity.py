@@ -36,14 +36,14 @@ What each backend allows:
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from handoff.client import Response
+from handoff.worker_logs import receipts
 
 TokenCounter = Callable[[str], int | None]
 
@@ -62,10 +62,6 @@ BURST_S = 0.001
 #: worker's first frames looks like the migration's pause (seen once in a loaded test run: a
 #: 33 ms stall two frames after the real boundary, which would have read as "2 replayed").
 MIN_PAUSE_S = 0.2
-#: Dynamo's worker log line for a request it received, with the request id (the response id
-#: without its `chatcmpl-` or `cmpl-` prefix).
-RECEIVED = re.compile(r"^(\S+Z)\s.*\brequest received request_id=(\S+)")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -193,13 +189,6 @@ def first_divergence(expected: str, received: str) -> int | None:
         if a != b:
             return i
     return None if len(expected) == len(received) else min(len(expected), len(received))
-
-
-def receipts(log: Path) -> Iterator[tuple[str, str]]:
-    """(timestamp, request id) of each `request received` line of a worker's log, in order."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "request received" in line and (found := RECEIVED.match(ANSI.sub("", line))):
-            yield found.group(1), found.group(2)
 
 
 def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:

@@ -3,7 +3,6 @@ workers drawn from a pool (handoff.pool); up, ready, and down."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from handoff.machine.processes import ManagedProcess
 from handoff.policies import Policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, StartupFailure, stop_all
+from handoff.worker_logs import ANSI
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
 HEALTH_ENDPOINT = {
@@ -31,7 +31,6 @@ HEALTH_ENDPOINT = {
 #: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
 PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
 #: The colour codes of the frontend's log lines.
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 __all__ = ["Deployment", "StartupFailure"]
 

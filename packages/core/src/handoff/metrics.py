@@ -126,6 +126,11 @@ class MigrationCounts:
             failed=count(MIGRATION_DURATION_COUNT, outcome="failure"),
         )
 
+    @classmethod
+    def read(cls, url: str, model: str) -> MigrationCounts:
+        """The counters as the frontend's /metrics at `url` gives them now."""
+        return cls.parse(scrape(url), model)
+
     @property
     def moves(self) -> int:
         """The migrations counted, of a request in flight and of one not yet started."""

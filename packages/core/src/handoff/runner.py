@@ -275,7 +275,7 @@ def exercise(
     # Counters read now, so that only the case's own request counts, not the baseline's: the
     # frontend counts a prompt over --migration-max-seq-len when the request arrives.
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
-    counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    counts_before = metrics.MigrationCounts.read(metrics_url, model)
     prompts_before = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
     transfers_before = metrics.once_answered(
         lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"

@@ -9,11 +9,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from handoff import faults, metrics
+from handoff import faults, metrics, worker_logs
 from handoff.backend import Worker
 from handoff.cases import ABANDONS, STALLS, Case, topology
 from handoff.client import InFlight, Request
-from handoff.continuity import ANSI
+from handoff.worker_logs import ANSI
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
@@ -189,7 +189,7 @@ def stop_problems(
     end and why (`CANCELLED`, `UNSENT` or both), and its cancellation counter agrees with its
     log; no other worker took a cancellation."""
     rid = str(request.request_id)
-    held = load.received(deployment.workers, {rid}).get(rid, [])
+    held = worker_logs.received(deployment.workers, {rid}).get(rid, [])
     alive = [w for w in deployment.workers if w.name in held and w.process.exit_code() is None]
     if not alive:
         return [f"no live worker logged the request {rid}: who held it when its client left?"]

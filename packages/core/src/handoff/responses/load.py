@@ -22,6 +22,7 @@ from handoff.machine.pace import Pace, paced
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery, waits
+from handoff.worker_logs import received
 from handoff.verdict import (
     Verdict,
     against_known_defect,
@@ -100,7 +101,7 @@ def exercise_load(
         for s, r in zip(shapes, requests, strict=True)
     ]
     compared_with = texts[0][1]
-    counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    counts_before = metrics.MigrationCounts.read(metrics_url, model)
     read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
     held = [
         Held(n, InFlight(deployment.base_url, r, read_timeout_s), text=text)
@@ -237,7 +238,7 @@ def handed_over_at_sigterm(
         return False
 
     def probe() -> tuple[bool | None, str]:
-        scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+        scraped = metrics.MigrationCounts.read(metrics_url, model)
         moved = scraped.since(before).moves
         return (True if moved >= ended else None), f"{moved} moves counted"
 
@@ -301,18 +302,6 @@ def aftermath(
     gone = victim if victim.process.exit_code() is not None else None
     metrics_url = deployment.base_url + "/metrics"
     return problems + idle_problems(deployment, gone, metrics_url, deadline, history)
-
-
-def received(workers: list[Worker], ids: set[str]) -> dict[str, list[str]]:
-    """By request id, the workers whose logs say they received it, in the order they did (by
-    their logs' timestamps): a request a worker has taken, whether it decodes it yet or not,
-    and after a move the worker it moved to."""
-    seen: dict[str, list[tuple[str, str]]] = {}
-    for worker in workers:
-        for stamp, request_id in continuity.receipts(worker.process.log_path):
-            if request_id in ids:
-                seen.setdefault(request_id, []).append((stamp, worker.name))
-    return {request_id: [name for _, name in sorted(by)] for request_id, by in seen.items()}
 
 
 def place(

@@ -153,11 +153,11 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
         BROKER_REFUSAL_SLOWER_BY * attempts * BROKER_REQUEST_TIMEOUT_S + BROKER_REFUSAL_FIXED_S
     )
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    before = metrics.MigrationCounts.read(metrics_url, model)
     response, sent_at = Response(), time.monotonic()
     client.send(deployment.base_url, short(request), response, read_timeout_s=bound_s)
     seconds = round(time.monotonic() - sent_at, 2)
-    added = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
+    added = metrics.MigrationCounts.read(metrics_url, model).since(before)
     history.record(
         "refused_while_down", seconds=seconds, status=response.status, counts=added.as_dict()
     )

@@ -191,7 +191,7 @@ def late_counts(
 ) -> list[str]:
     """The counters once more, the last thing before teardown: any that moved since the
     reading the verdict uses fail the case (verdict.late_count_problems)."""
-    final = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
+    final = metrics.MigrationCounts.read(metrics_url, model).since(before)
     history.record("metrics_reread", counts=final.as_dict())
     return late_count_problems(expected, judged, final, mode)
 
@@ -215,7 +215,7 @@ class FirstMigration:
 
     def read(self) -> bool:
         """Read the counters once; True when this reading is the first to show a move."""
-        scraped = metrics.MigrationCounts.parse(metrics.scrape(self.metrics_url), self.model)
+        scraped = metrics.MigrationCounts.read(self.metrics_url, self.model)
         counts = scraped.since(self.before)
         self.moves = counts.moves
         if self.seen is not None or not self.moves:
@@ -257,7 +257,7 @@ def settled_counts(
     last: list[metrics.MigrationCounts] = []
 
     def probe() -> tuple[metrics.MigrationCounts | None, str]:
-        scraped = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+        scraped = metrics.MigrationCounts.read(metrics_url, model)
         last[:] = [scraped.since(before)]
         agree = not count_problems(expected, last[0], mode)
         return (last[0] if agree else None), str(last[0])

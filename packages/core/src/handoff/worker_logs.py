@@ -1,0 +1,70 @@
+"""What workers' logs say of the requests they received, read incrementally: a case polls them
+every few milliseconds while its requests are placed, and a pooled worker's log grows over many
+cases, so each read takes only what was written since the last."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from handoff.backend import Worker
+
+#: Dynamo's worker log line for a request it received, with the request id (the response id
+#: without its `chatcmpl-` or `cmpl-` prefix).
+RECEIVED = re.compile(r"^(\S+Z)\s.*\brequest received request_id=(\S+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Receipts:
+    """The `request received` lines of one log, as (timestamp, request id), kept up to date by
+    reading from where the last read ended. A line is taken once it is whole; a log that shrank
+    (rewritten) is read again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.seen: list[tuple[str, str]] = []
+
+    def read(self) -> list[tuple[str, str]]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return self.seen
+        if size < self.offset:
+            self.offset, self.partial, self.seen = 0, b"", []
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            data = log.read()
+        self.offset += len(data)
+        *whole, self.partial = (self.partial + data).split(b"\n")
+        for raw in whole:
+            if b"request received" in raw:
+                line = ANSI.sub("", raw.decode(errors="replace"))
+                if found := RECEIVED.match(line):
+                    self.seen.append((found.group(1), found.group(2)))
+        return self.seen
+
+
+_READERS: dict[Path, Receipts] = {}
+
+
+def receipts(log: Path) -> list[tuple[str, str]]:
+    """(timestamp, request id) of each `request received` line of a worker's log, in order."""
+    reader = _READERS.get(log)
+    if reader is None:
+        reader = _READERS[log] = Receipts(log)
+    return reader.read()
+
+
+def received(workers: Iterable[Worker], ids: set[str]) -> dict[str, list[str]]:
+    """By request id, the workers whose logs say they received it, in the order they did (by
+    their logs' timestamps): a request a worker has taken, whether it decodes it yet or not,
+    and after a move the worker it moved to."""
+    seen: dict[str, list[tuple[str, str]]] = {}
+    for worker in workers:
+        for stamp, request_id in receipts(worker.process.log_path):
+            if request_id in ids:
+                seen.setdefault(request_id, []).append((stamp, worker.name))
+    return {request_id: [name for _, name in sorted(by)] for request_id, by in seen.items()}
