@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from handoff.worker_logs import ANSI
 from handoff.machine.ports import bindable, listener
+from handoff.machine.worker_logs import ANSI
 from handoff.polling import Deadline, poll_until
 
 

@@ -6,8 +6,9 @@ import signal
 import threading
 from typing import ClassVar
 
-from handoff import client, faults, runner, worker_logs
+from handoff import client, faults, runner
 from handoff.cases import Case
+from handoff.machine import worker_logs
 from handoff.policies import POLICIES
 from handoff.polling import Deadline, poll_until
 from handoff.responses import load

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from handoff.cases import Case
-from handoff.worker_logs import ANSI
 from handoff.machine import pace
+from handoff.machine.worker_logs import ANSI
 from handoff.polling import Deadline, poll_until
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend

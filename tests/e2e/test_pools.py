@@ -229,7 +229,7 @@ def test_a_pools_cases_get_distinct_prompts_no_cached_prefix(pools, tmp_path, mo
             super().__init__(*args, **kwargs)
             sent.append(self)
 
-    monkeypatch.setattr("handoff.runner.InFlight", Recorded)
+    monkeypatch.setattr("handoff.responses.single.InFlight", Recorded)
     cases = [Case.from_id(f"worker_failure-{api}-tcp", "kv_transfer")
              for api in ("chat-stream", "completion-unary")]  # fmt: skip
     results = [run_case(MockerBackend(), c, tmp_path / str(n), SETTINGS, 60, pools=pools)

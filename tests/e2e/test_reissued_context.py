@@ -27,6 +27,7 @@ from handoff import client, faults, runner
 from handoff.backend import Shape
 from handoff.cases import Case
 from handoff.polling import poll_until
+from handoff.responses import single
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -80,7 +81,7 @@ def proxied(monkeypatch, tmp_path: Path):
         proxy.migrating()
         return inject(fault, holder, inflight, graceful_bound_s, deadline, broker)
 
-    monkeypatch.setattr(runner, "InFlight", through_proxy)
+    monkeypatch.setattr(single, "InFlight", through_proxy)
     monkeypatch.setattr(faults, "inject", from_a_still_stream)
 
     def run(how: str | None):

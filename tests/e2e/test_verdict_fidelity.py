@@ -23,6 +23,7 @@ from handoff.machine.ports import bindable
 from handoff.metrics import MigrationCounts, scrape
 from handoff.policies import ENABLED_LIMIT, POLICIES, Policy
 from handoff.polling import Deadline, poll_until
+from handoff.responses import single
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -109,7 +110,7 @@ def test_a_second_migration_after_the_agreeing_reading_fails_the_case(
     """Three workers: after the counters agreed (one migration), a second request is sent and
     its worker SIGKILLed, so the frontend counts a second migration. The last-moment reading
     must see it."""
-    settled = runner.settled_counts
+    settled = single.settled_counts
 
     def settled_then_migrate_again(metrics_url, model, before, expected, mode, deadline):
         agreed = settled(metrics_url, model, before, expected, mode, deadline)
@@ -128,7 +129,7 @@ def test_a_second_migration_after_the_agreeing_reading_fails_the_case(
         poll_until(counted_twice, Deadline(20), "the second migration to be counted")
         return agreed
 
-    monkeypatch.setattr(runner, "settled_counts", settled_then_migrate_again)
+    monkeypatch.setattr(single, "settled_counts", settled_then_migrate_again)
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
     result = runner.run_case(
         MockerBackend(), case, tmp_path, SETTINGS, 90, roles=("aggregate",) * 3

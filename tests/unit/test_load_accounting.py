@@ -2,7 +2,6 @@
 it was decoding or queued at the fault, what the counters must rise by, and the bound."""
 
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +11,7 @@ from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History, percentile, resumption_s
 from handoff.policies import expected_outcome
+from handoff.responses.evidence import Owed, judged
 from handoff.responses.load import (
     DECODING,
     QUEUED,
@@ -21,7 +21,6 @@ from handoff.responses.load import (
     classify,
     expected_counts,
     load_bound,
-    request_problems,
     settled,
 )
 from handoff.responses.recovery import REJOIN_TOKENS, short
@@ -207,12 +206,15 @@ def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_th
     frames.append({"id": "x", "choices": [], "usage": {"completion_tokens": MAX_TOKENS}})
     response = Response(status=200, chunks=[Chunk(0.01 * i, f) for i, f in enumerate(frames)])
     response.done = True
-    request = held(0, "a", True)
-    request.inflight.response = response
-    request.text = "".join(words)
-    assert request_problems(request, True, outcome, "migration_enabled", backend) == []
-    request.text = "".join(words[:3]) + " t999" + "".join(words[4:])
-    (problem,) = request_problems(request, True, outcome, "migration_enabled", backend)
+    request = held(0, "a", True).request
+
+    def problems(text: str | None, cut: bool) -> list[str]:
+        owed = Owed(text, "the reference")
+        policy = "migration_enabled"
+        found = judged(request, response, owed, outcome, policy, cut, backend, lambda: None)
+        return found.problems
+
+    assert problems("".join(words), True) == []
+    (problem,) = problems("".join(words[:3]) + " t999" + "".join(words[4:]), True)
     assert problem.startswith("the migrated text departs from the reference at token 4")
-    request.text = None  # a backend that knows no text judges the tokens alone
-    assert request_problems(request, False, outcome, "migration_enabled", backend) == []
+    assert problems(None, False) == []  # a backend that knows no text judges the tokens alone

@@ -4,7 +4,7 @@ only once it is whole, and a log rewritten shorter from its start."""
 from pathlib import Path
 from types import SimpleNamespace
 
-from handoff.worker_logs import Receipts, received
+from handoff.machine.worker_logs import Receipts, received
 
 
 def log_line(request_id: str) -> str:

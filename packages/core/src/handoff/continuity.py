@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 
 from handoff.client import Response
-from handoff.worker_logs import receipts
+from handoff.machine.worker_logs import receipts
 
 TokenCounter = Callable[[str], int | None]
 

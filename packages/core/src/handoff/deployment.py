@@ -15,10 +15,10 @@ from handoff.errors import CaseFailure
 from handoff.machine import firewall, services
 from handoff.machine.ports import PortLeases
 from handoff.machine.processes import ManagedProcess
+from handoff.machine.worker_logs import ANSI
 from handoff.policies import Policy
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, StartupFailure, stop_all
-from handoff.worker_logs import ANSI
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
 HEALTH_ENDPOINT = {
@@ -76,6 +76,12 @@ class Deployment:
     @property
     def model(self):
         return self.pool.model
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name, once the pool has made its model."""
+        assert self.model is not None
+        return self.model.name
 
     @property
     def base_url(self) -> str:

@@ -143,3 +143,23 @@ class MigrationCounts:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class FrontendReading:
+    """What a case reads of the frontend before its request and after it, from one scrape: the
+    migration counters, the tokens received from workers (how far a unary request has got) and
+    the prompt tokens counted (the prompt as the frontend tokenized it)."""
+
+    counts: MigrationCounts
+    output_tokens: int
+    prompt_tokens: float
+
+    @classmethod
+    def read(cls, url: str, model: str) -> FrontendReading:
+        text = scrape(url)
+        return cls(
+            MigrationCounts.parse(text, model),
+            int(sample_sum(text, OUTPUT_TOKENS, {"model": model})),
+            sample_sum(text, INPUT_TOKENS),
+        )

@@ -5,51 +5,31 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from handoff import continuity, faults, metrics
-from handoff.backend import Backend, Worker
-from handoff.cases import ABANDONS, BROKER, PAST_LEASE, SILENT, Case, topology
-from handoff.client import InFlight, Request, Response
+from handoff.backend import Backend
+from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
-from handoff.machine.pace import paced, response_bound_s
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
-    KNOWN_DEFECTS,
     Policy,
-    expected_outcome,
     policy,
 )
-from handoff.polling import Deadline, Timeout, interruptible, poll_until
+from handoff.polling import Deadline, interruptible
 from handoff.pool import Pools
-from handoff.responses import abandon, load, recovery
+from handoff.responses import abandon, load, single
 from handoff.responses.waits import (
-    BASELINE,
-    CLIENT_GRACE_S,
-    RESPONSE_FIXED_S,
-    RESPONSE_SLOWER_BY,
-    FirstMigration,
     Settings,
     fault_env,
-    fault_wait,
-    last_token,
-    late_counts,
-    record_response,
-    reference_text,
-    settled_counts,
     sized_for_queues,
-    undisturbed,
 )
 from handoff.verdict import (
     Verdict,
-    against_known_defect,
-    judge,
-    transfer_problems,
 )
 
 #: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
@@ -122,7 +102,7 @@ def run_case(
                 if topology(case.topology).load
                 else abandon.exercise_abandon
                 if case.fault in ABANDONS
-                else exercise
+                else single.exercise_one
             )
             verdict = exercised(deployment, case, settings, deadline, history, draws_before)
     except (CaseFailure, HandoffError) as exc:
@@ -232,297 +212,6 @@ def drop_logs(folder: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def exercise(
-    deployment: Deployment,
-    case: Case,
-    settings: Settings,
-    deadline: Deadline,
-    history: History,
-    variant: int = 0,
-) -> Verdict:
-    """Send the request, fault the worker that holds it in its window, and judge the outcome.
-    `variant` picks the prompt: a pool's cases each get their own, so none finds another's
-    prefix in a worker's cache."""
-    backend, where = deployment.backend, topology(case.topology)
-    assert deployment.model is not None
-    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    shape = backend.shape(case, variant)
-    if where.request == "guided":
-        shape = replace(shape, guide=backend.guide(case.api))
-    stream = case.response == "stream"
-    request = Request(
-        case.api,
-        stream,
-        model,
-        shape.prompt,
-        shape.max_tokens,
-        guide=shape.guide,
-        choices=CHOICES if where.request == "choices" else 1,
-    )
-    pace = None
-    if (seconds := backend.output_seconds(case)) is not None:
-        pace, shape = paced(
-            deployment.base_url, request, len(deployment.workers), seconds, shape, deadline, history
-        )
-        request = replace(request, max_tokens=shape.max_tokens)
-    expected_text, compared_with = (
-        reference_text(deployment, case.api, shape, request, deadline, history)
-        if request.choices == 1
-        else (None, "")
-    )
-    if shape.guide is not None and backend.decodes_guides:
-        guide_kept(deployment, request, expected_text, compared_with, deadline, history)
-    # Counters read now, so that only the case's own request counts, not the baseline's: the
-    # frontend counts a prompt over --migration-max-seq-len when the request arrives.
-    tokens_before = metrics.frontend_output_tokens(metrics_url, model)
-    counts_before = metrics.MigrationCounts.read(metrics_url, model)
-    prompts_before = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
-    transfers_before = metrics.once_answered(
-        lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
-    )
-    sent_at = time.monotonic()
-    inflight = InFlight(
-        deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
-    )
-    bound = response_bound_s(shape, pace) if pace else None
-    response_deadline = deadline.within(bound) if bound else deadline
-    history.record(
-        "request_sent",
-        api=case.api,
-        stream=stream,
-        prompt_tokens=shape.prompt_tokens,
-        max_tokens=shape.max_tokens,
-    )
-    targets = [w for w in deployment.workers if w.role == where.target_role]
-    holder = faults.find_holder(backend, targets, inflight, deadline)
-    history.record("holder_found", worker=holder.name, pid=holder.process.pid)
-    counted_early = (
-        where.proves_kv_transfer
-        and backend.kv_transfer_floor_s(case) is None
-        and transfer_counted_early(deployment, transfers_before, history)
-    )
-    evidence: list[str] = []
-    if stream:
-        tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
-    else:
-        tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model) - tokens_before  # noqa: E731
-        what = "tokens received by the frontend"
-    proof = faults.prove_in_flight(
-        backend,
-        holder,
-        inflight,
-        tokens_seen,
-        where.fault_window,
-        settings.in_flight_tokens,
-        what,
-        deadline,
-    )
-    history.record("in_flight_proven", how=proof)
-    seen, proven_at = tokens_seen(), time.monotonic()
-    if where.proves_kv_transfer and not counted_early:
-        evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
-    fault = recovery.send_fault(
-        case.fault, holder, inflight, settings, deadline, deployment.pool.nats, history
-    )
-    faulted_at = time.monotonic()
-    recovery.record_fault(deployment, holder, fault, history)
-    resume = recovery.Heal(holder, fault, history)
-    why = bound and (
-        f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
-        f"slowest measured {pace.slowest:.0f} tokens/s allow"
-    )
-    wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
-    rest_s = None  # how long what the response has left after the fault takes
-    if seen:  # a fault while decoding: what is left has a bound from the rate before it
-        rate = seen / max(proven_at - sent_at, 1e-3)
-        tokens = shape.max_tokens - seen
-        rest_s, what, basis = (
-            tokens / rate,
-            f"{tokens} more tokens at {rate:.0f} tokens/s",
-            {"tokens_per_s": round(rate, 1)},
-        )
-    elif (whole_s := backend.nominal_response_s(case, shape)) is not None:
-        # a fault before the first token: the whole response again, at the backend's own speed
-        rest_s, what, basis = (
-            whole_s,
-            f"the whole {whole_s:.1f} s response again",
-            {"whole_s": round(whole_s, 2)},
-        )
-    if rest_s is not None:
-        after_s = round(wait_s + RESPONSE_SLOWER_BY * rest_s + RESPONSE_FIXED_S, 1)
-        history.record("response_bound", seconds=after_s, **basis)  # as the history keeps it
-        if after_s < response_deadline.remaining():
-            response_deadline = deadline.within(after_s)
-            why = (
-                f"{after_s:.0f} s after the fault on {holder.name}, the bound that {waits_for}"
-                f"{what} allow"
-            )
-    try:
-        await_response(
-            inflight,
-            metrics_url,
-            model,
-            counts_before,
-            response_deadline,
-            history,
-            resume if case.fault in SILENT and case.fault != PAST_LEASE else None,
-        )
-    except Timeout as exc:
-        if not why or deadline.expired():
-            raise
-        raise CaseFailure(
-            f"hung: the response was still open {why}: {last_token(inflight)}; ({exc})"
-        ) from None
-    record_response(inflight, history)
-    # Read now, before anything else reaches the frontend: the count rose when the request
-    # arrived, by the prompt as the frontend tokenized it.
-    prompt_read = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
-    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
-    counts = settled_counts(
-        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
-    )
-    history.record("metrics_read", counts=counts.as_dict())
-    response = inflight.response
-    notes = []
-    if expected.completes and response.status == 200 and response.error is None:
-        kept = continuity.check(
-            response,
-            shape.max_tokens,
-            backend.output_tokens,
-            baseline=expected_text,
-            why_no_baseline=backend.nondeterministic_because,
-            compared_with=compared_with,
-            one_token_per_frame=backend.one_token_per_frame,
-            migration=migration_evidence(
-                targets, holder, response, prompt_read - prompts_before, history
-            ),
-        )
-        history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
-        evidence, notes = evidence + kept.problems, kept.notes
-    if shape.guide is not None and not backend.decodes_guides:
-        notes.append(f"{backend.name} does not decode guided output: its text is not checked")
-    elif shape.guide is not None and response.status == 200 and response.error is None:
-        evidence += guided_problems(request, response.text, expected_text)
-    mode = backend.migration_counts
-    evidence += late_counts(metrics_url, model, counts_before, counts, expected, mode, history)
-    if case.fault == PAST_LEASE:
-        recovery.await_unlisted(deployment, holder, faulted_at, history)
-    if case.fault in SILENT:
-        resume()  # if the frontend never counted the move
-        evidence += recovery.rejoin_problems(deployment, holder, request, history)
-    if case.fault == PAST_LEASE:
-        recovery.retire(holder, deadline)
-    if case.fault in BROKER:
-        evidence += recovery.broker_problems(deployment, case.fault, request, history)
-    verdict = judge(
-        expected,
-        case.policy,
-        response,
-        counts,
-        fault,
-        shape.max_tokens,
-        backend.migration_counts,
-        evidence,
-    )
-    verdict.notes = notes
-    return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
-
-
-def guide_kept(
-    deployment: Deployment,
-    request: Request,
-    expected_text: str | None,
-    compared_with: str,
-    deadline: Deadline,
-    history: History,
-) -> None:
-    """Before the fault, proof that the engine decodes the guide: the request undisturbed keeps
-    it, and gives the reference where there is one. Else a refusal to move it would prove
-    nothing of a guided request. A baseline (`compared_with`) is that request undisturbed
-    already: it is not sent again."""
-    if compared_with == BASELINE:
-        text, expected_text = str(expected_text), None
-    else:
-        text = undisturbed(deployment, request, deadline, history)
-    if problems := guided_problems(request, text, expected_text):
-        raise CaseFailure(f"undisturbed, the guided request fails: {'; '.join(problems)}")
-    history.record("guide_kept", characters=len(text))
-
-
-def guided_problems(request: Request, text: str, expected_text: str | None) -> list[str]:
-    """Where a guided response's text leaves its guide, and where it departs from the
-    reference (or baseline), each named by its first bad character."""
-    problems = [broken] if request.guide and (broken := request.guide.broken(text)) else []
-    at = continuity.first_divergence(expected_text, text) if expected_text is not None else None
-    if at is not None:
-        problems.append(
-            f"the guided output departs from the reference at character {at + 1}: "
-            f"{expected_text[at : at + 40]!r} expected, {text[at : at + 40]!r} received"
-        )
-    return problems
-
-
-def migration_evidence(
-    targets: list[Worker],
-    holder: Worker,
-    response: Response,
-    prompt: float,
-    history: History,
-) -> continuity.Migration:
-    """What the re-issued context is judged with beside the stream: the prompt's length as the
-    frontend tokenized it (`prompt`: what its count rose by with the case's one request), when
-    the fault was sent, and which other worker of the faulted role logged receiving it."""
-    fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
-    logs = {w.name: w.process.log_path for w in targets if w is not holder}
-    response_id = response.chunks[0].data.get("id") if response.chunks else None
-    taken = continuity.takeover(logs, str(response_id)) if response_id else None
-    history.record(
-        "takeover_seen",
-        prompt_tokens=int(prompt),
-        worker=taken.worker if taken else None,
-        received_at=round(taken.received_at - history.started, 4) if taken else None,
-    )
-    return continuity.Migration(int(prompt), fault_at, taken)
-
-
-def decode_transfers(deployment: Deployment) -> float:
-    """The decode workers' count of completed KV transfers (0 without a counter). Raises
-    `metrics.Unanswered` while any does not answer: a total without one worker's history, read
-    before the request, would let the next full reading "prove" a transfer."""
-    counter = deployment.backend.kv_transfer_counter
-    if counter is None:
-        return 0.0
-    ports = {w.name: w.ports["system"] for w in deployment.workers if w.role == "decode"}
-    return sum(metrics.worker_sums(ports, counter).values())
-
-
-def await_response(
-    inflight: InFlight,
-    metrics_url: str,
-    model: str,
-    before: metrics.MigrationCounts,
-    deadline: Deadline,
-    history: History,
-    heal: recovery.Heal | None = None,
-) -> None:
-    """Wait for the response to end, noting when the frontend first counts a migration; from
-    then on `heal` decides when the faulted worker is back (`recovery.Heal.after_move`)."""
-    migration = FirstMigration(metrics_url, model, before, history)
-    checked = [time.monotonic()]
-
-    def probe() -> tuple[bool | None, str]:
-        if migration.seen is None or time.monotonic() - checked[0] > FRONTEND_CHECK_S:
-            # Read until the migration shows, then once a second: a frontend that stops
-            # answering while the client waits fails the case in seconds, by name.
-            checked[0] = time.monotonic()
-            migration.read()
-        if migration.seen is not None and heal is not None:
-            heal.after_move(inflight)
-        return (True if inflight.finished else None), inflight.response.summary()
-
-    poll_until(probe, deadline, "the response to finish")
-
-
 def record_start_up(deployment: Deployment, history: History) -> None:
     """When each process was launched, and what the frontend listed as they came up."""
     for process in deployment.processes:
@@ -532,53 +221,3 @@ def record_start_up(deployment: Deployment, history: History) -> None:
             )
     for when, listed in deployment.listings:
         history.record_at("frontend_listed", when, **listed)
-
-
-def transfer_counted_early(deployment: Deployment, before: float, history: History) -> bool:
-    """One read of the decode workers' transfer counter once one holds the request (its KV came
-    first). The counter lives on the worker about to be faulted, and a busy vLLM CPU worker's
-    /metrics took 2.7 s to answer: read here, the fault can follow the in-flight proof at once.
-    If the counter lags, or a worker does not answer, `transfer_evidence` waits for it after the
-    proof, as before."""
-    counter = deployment.backend.kv_transfer_counter
-    if counter is None:
-        return False
-    try:
-        total = decode_transfers(deployment)
-    except metrics.Unanswered:
-        return False
-    if total <= before:
-        return False
-    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
-    return True
-
-
-def transfer_evidence(
-    deployment: Deployment, case: Case, metrics_url: str, before: float, history: History
-) -> list[str]:
-    """kv_transfer cases, before the fault: the first token came after the known transfer
-    time, or the decode workers' transfer counter rose past its value at the request."""
-    backend, model = deployment.backend, deployment.model
-    floor = backend.kv_transfer_floor_s(case)
-    if floor is not None:
-        assert model is not None
-        ttft = metrics.frontend_mean_ttft(metrics_url, model.name)
-        history.record("kv_transfer_checked", ttft_s=ttft, transfer_floor_s=round(floor, 4))
-        return transfer_problems(ttft, floor)
-    counter = backend.kv_transfer_counter
-    if counter is None:
-        return [f"backend {backend.name!r} gives no KV transfer time or counter: unproven"]
-
-    def counted() -> tuple[float | None, str]:
-        try:
-            total = decode_transfers(deployment)
-        except metrics.Unanswered as exc:
-            return None, str(exc)
-        return (total if total > before else None), f"{counter} = {total:g} on the decode workers"
-
-    try:
-        total = poll_until(counted, Deadline(TRANSFER_COUNT_WAIT_S), f"{counter} to rise")
-    except Timeout as exc:
-        return [f"no KV transfer counted before the fault: {exc}"]
-    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
-    return []

@@ -85,6 +85,19 @@ def response_problems(
     return problems
 
 
+def request_problems(
+    expected: Outcome, policy_name: str, response: Response, max_tokens: int, cut: bool
+) -> list[str]:
+    """One request against its promise: one the fault `cut` ends as `expected` says
+    (`response_problems`); any other completes whatever the policy. Either way its prompt was
+    computed for it (`cache_problems`)."""
+    if cut:
+        problems = response_problems(expected, policy_name, response, max_tokens)
+    else:
+        problems = completion_problems(response, max_tokens)
+    return problems + cache_problems(response)
+
+
 def carries(response: Response, error: ApiError) -> bool:
     """Whether the response ended with `error`: its code and message in the body of an HTTP
     error of that code, or in an SSE error frame after HTTP 200."""
@@ -172,8 +185,7 @@ def judge(
             f"the frontend counted no migration: the request was not in flight at the fault "
             f"(raise the output length)"
         )
-    problems += response_problems(expected, policy_name, response, max_tokens)
-    problems += cache_problems(response)
+    problems += request_problems(expected, policy_name, response, max_tokens, cut=True)
     if expected.ongoing_request + expected.new_request and not migrated and not too_late:
         problems.append(
             f"the frontend counted no migration at all: {fault.worker}, which was faulted, "

@@ -9,17 +9,18 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from handoff import faults, metrics, worker_logs
+from handoff import faults, metrics
 from handoff.backend import Worker
 from handoff.cases import ABANDONS, STALLS, Case, topology
 from handoff.client import InFlight, Request
-from handoff.worker_logs import ANSI
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
+from handoff.machine import worker_logs
+from handoff.machine.worker_logs import ANSI
 from handoff.policies import expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import load, recovery
+from handoff.responses import recovery
 from handoff.responses.waits import CLIENT_GRACE_S, Settings, record_response, settled_counts
 from handoff.verdict import Verdict, count_problems
 
@@ -148,7 +149,7 @@ def exercise_abandon(
     problems += count_problems(expected, counts, backend.migration_counts)
     problems += response_problems(inflight)
     gone = holder if holder.process.exit_code() is not None else None
-    problems += load.idle_problems(deployment, gone, metrics_url, deadline, history)
+    problems += recovery.idle_problems(deployment, gone, metrics_url, deadline, history)
     return Verdict(passed=not problems, reasons=problems, phase=history.phase)
 
 

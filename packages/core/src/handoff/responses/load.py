@@ -14,27 +14,21 @@ from itertools import pairwise
 from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Shape, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
-from handoff.client import InFlight, Request
+from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History, resumption_s
 from handoff.machine.pace import Pace, paced
+from handoff.machine.worker_logs import received
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import recovery, waits
-from handoff.worker_logs import received
+from handoff.responses import evidence, recovery, waits
 from handoff.verdict import (
     Verdict,
     against_known_defect,
-    completion_problems,
     count_problems,
-    response_problems,
 )
 
-#: The frontend's gauge of requests it is serving: 0 once every request has ended.
-FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
-#: How long the gauges may take to fall to 0 after the last response ended.
-GAUGE_SETTLE_S = 3.0
 DECODING, QUEUED, UNKNOWN = "decoding", "queued", "decoding or queued"
 
 
@@ -49,7 +43,7 @@ class Held:
     state: str = ""
     chunks_at_fault: int = 0
     #: The text it must give, where handoff knows it (`waits.reference_text`).
-    text: str | None = None
+    owed: evidence.Owed = evidence.NO_TEXT
 
     @property
     def request(self) -> Request:
@@ -73,6 +67,18 @@ class VictimWatch:
         return any(h.inflight.finished for h in self.held)
 
 
+@dataclass
+class Loaded:
+    """The requests of a load case once sent, and what was read before them."""
+
+    held: list[Held]
+    before: metrics.FrontendReading
+    sent_at: float
+    targets: list[Worker]
+    pace: Pace | None
+    whole_s: float | None
+
+
 def exercise_load(
     deployment: Deployment,
     case: Case,
@@ -83,29 +89,75 @@ def exercise_load(
 ) -> Verdict:
     """Send the backend's `load_requests` at once (streams and unary requests in turn, each
     prompt its own), fault the worker holding the most of them once every one is placed, and
-    judge each request and the counters for all of them."""
-    backend, where = deployment.backend, topology(case.topology)
-    assert deployment.model is not None
-    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
+    judge each request, with the evidence every request gets, and the counters for all."""
+    loaded = send_load(deployment, case, deadline, history, variant)
+    victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
+    signalled_at = time.monotonic()
+    fault = recovery.send_fault(
+        case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
+        history, holding=len(victims),
+    )  # fmt: skip
+    recovery.record_fault(deployment, victim, fault, history)
+    heal = recovery.Heal(victim, fault, history)
+    in_window(deployment, fault, victims, loaded.before.counts, deadline)
+    # The broker's faults touch no worker: nothing any worker held is cut.
+    cut = [] if case.fault in BROKER else victims
+    # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
+    # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
+    outlives_lease = (
+        case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
+    )
+    bound_s, why = load_bound(
+        loaded.held, case, settings, loaded.sent_at, proven_at, len(loaded.targets) - 1,
+        deployment.backend.decoding_at_once(case),
+        loaded.pace.seconds_for(loaded.held[0].request.max_tokens)
+        if loaded.pace else loaded.whole_s,
+    )  # fmt: skip
+    history.record("response_bound", seconds=round(bound_s, 1), why=why)
+    await_all(
+        loaded.held, deployment, loaded.before.counts, deadline.within(bound_s), why, history,
+        (heal, len(cut)) if case.fault in SILENT and not outlives_lease else None,
+    )  # fmt: skip
+    for h in loaded.held:
+        waits.record_response(h.inflight, history, request=h.n)
+    verdict = judge_load(deployment, case, loaded, victim, cut, deadline, history)
+    verdict.reasons += recovery.aftermath(
+        deployment, case, victim, heal, loaded.held[0].request, outlives_lease, signalled_at,
+        deadline, history,
+    )  # fmt: skip
+    served = received(loaded.targets, {str(h.request.request_id) for h in loaded.held})
+    history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
+    # The lapsed lease is Dynamo's defect only where every request was accounted for exactly.
+    lapsed = outlives_lease and verdict.passed
+    verdict.passed = not verdict.reasons
+    return against_known_defect(verdict, KNOWN_DEFECTS.get(PAST_LEASE if lapsed else case.fault))
+
+
+def send_load(
+    deployment: Deployment, case: Case, deadline: Deadline, history: History, variant: int
+) -> Loaded:
+    """Size the requests, learn the text each owes (each baseline goes out with no id of its
+    own: the workers' logs must name each load request once, on the worker that took it), read
+    the frontend, and send them all at once."""
+    backend, where, model = deployment.backend, topology(case.topology), deployment.model_name
     shapes, pace = sized_shapes(deployment, case, variant, deadline, history)
     requests = [
         Request(case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()))
         for n, s in enumerate(shapes)
     ]
-    # Each baseline goes out with no id of its own: the workers' logs must name each load
-    # request once, on the worker that took it.
-    texts = [
-        waits.reference_text(
-            deployment, case.api, s, replace(r, request_id=None), deadline, history
+    owed = [
+        evidence.Owed(
+            *waits.reference_text(
+                deployment, case.api, s, replace(r, request_id=None), deadline, history
+            )
         )
         for s, r in zip(shapes, requests, strict=True)
     ]
-    compared_with = texts[0][1]
-    counts_before = metrics.MigrationCounts.read(metrics_url, model)
+    before = metrics.FrontendReading.read(deployment.base_url + "/metrics", model)
     read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
     held = [
-        Held(n, InFlight(deployment.base_url, r, read_timeout_s), text=text)
-        for n, (r, (text, _)) in enumerate(zip(requests, texts, strict=True))
+        Held(n, InFlight(deployment.base_url, r, read_timeout_s), owed=o)
+        for n, (r, o) in enumerate(zip(requests, owed, strict=True))
     ]
     sent_at = time.monotonic()
     history.record(
@@ -114,10 +166,26 @@ def exercise_load(
         max_tokens=shapes[0].max_tokens,
     )
     targets = [w for w in deployment.workers if w.role == where.target_role]
+    whole_s = None if pace else backend.nominal_response_s(case, shapes[0])
+    return Loaded(held, before, sent_at, targets, pace, whole_s)
+
+
+def hold_load(
+    deployment: Deployment,
+    case: Case,
+    loaded: Loaded,
+    settings: waits.Settings,
+    deadline: Deadline,
+    history: History,
+) -> tuple[Worker, list[Held], float]:
+    """Place every request on its worker, settled, and pick the victim: the worker holding the
+    most, which must hold some queued beyond its decoding slots. The victim, its requests, and
+    when they were proven placed."""
+    backend, held = deployment.backend, loaded.held
     decoding_at_once = backend.decoding_at_once(case)
-    place(held, backend, targets, decoding_at_once, settings.in_flight_tokens, deadline)
+    place(held, backend, loaded.targets, decoding_at_once, settings.in_flight_tokens, deadline)
     proven_at = time.monotonic()
-    victim = busiest(held, targets)
+    victim = busiest(held, loaded.targets)
     victims = [h for h in held if h.worker == victim.name]
     if decoding_at_once is not None and len(victims) <= decoding_at_once:
         raise CaseFailure(
@@ -133,93 +201,91 @@ def exercise_load(
             for h in held
         ],
     )
-    signalled_at = time.monotonic()
-    fault = recovery.send_fault(
-        case.fault,
-        victim,
-        VictimWatch(victims),
-        settings,
-        deadline,
-        deployment.pool.nats,
-        history,
-        holding=len(victims),
+    return victim, victims, proven_at
+
+
+def in_window(
+    deployment: Deployment,
+    fault: faults.FaultReport,
+    victims: list[Held],
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+) -> None:
+    """A victim's request over before the last signal fails the case as a missed window, unless
+    the frontend counted a move for it at the SIGTERM (`handed_over_at_sigterm`)."""
+    if not (fault.response_done_at_kill or fault.finished_in_grace):
+        return
+    ended = [h for h in victims if h.inflight.finished]
+    url, model = deployment.base_url + "/metrics", deployment.model_name
+    if not handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
+        raise CaseFailure(
+            f"missed the fault window: {', '.join(h.label() for h in ended)} had ended "
+            f"before {fault.signals[-1]} reached {fault.worker}, and the frontend counted "
+            f"no move for them (raise the output length)"
+        )
+
+
+def judge_load(
+    deployment: Deployment,
+    case: Case,
+    loaded: Loaded,
+    victim: Worker,
+    cut: list[Held],
+    deadline: Deadline,
+    history: History,
+) -> Verdict:
+    """Every request with the evidence every request gets (a cut one after its move with its
+    re-issued context too), and the counters for all of them; read once more at the end."""
+    backend, where = deployment.backend, topology(case.topology)
+    metrics_url, model, before = (
+        deployment.base_url + "/metrics",
+        deployment.model_name,
+        loaded.before,
     )
-    recovery.record_fault(deployment, victim, fault, history)
-    heal = recovery.Heal(victim, fault, history)
-    if fault.response_done_at_kill or fault.finished_in_grace:
-        ended = [h for h in victims if h.inflight.finished]
-        if not handed_over_at_sigterm(
-            fault, len(ended), metrics_url, model, counts_before, deadline
-        ):
-            raise CaseFailure(
-                f"missed the fault window: {', '.join(h.label() for h in ended)} had ended "
-                f"before {fault.signals[-1]} reached {fault.worker}, and the frontend counted "
-                f"no move for them (raise the output length)"
-            )
-    # The broker's faults touch no worker: nothing any worker held is cut.
-    cut = [] if case.fault in BROKER else victims
-    bound_s, why = load_bound(
-        held,
-        case,
-        settings,
-        sent_at,
-        proven_at,
-        len(targets) - 1,
-        decoding_at_once,
-        pace.seconds_for(shapes[0].max_tokens)
-        if pace
-        else backend.nominal_response_s(case, shapes[0]),
-    )
-    history.record("response_bound", seconds=round(bound_s, 1), why=why)
-    # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
-    # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
-    outlives_lease = (
-        case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
-    )
-    await_all(
-        held,
-        metrics_url,
-        model,
-        counts_before,
-        deadline.within(bound_s),
-        why,
-        history,
-        (heal, len(cut)) if case.fault in SILENT and not outlives_lease else None,
-    )
-    for h in held:
-        waits.record_response(h.inflight, history, request=h.n)
+    prompt = each_prompt(metrics.FrontendReading.read(metrics_url, model), before, loaded.held)
     outcome = expected_outcome(where.fault_window, case.policy, case.fault)
-    expected = expected_counts(outcome, len(cut), len(held))
-    counts = waits.settled_counts(
-        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
-    )
+    expected = expected_counts(outcome, len(cut), len(loaded.held))
+    mode = backend.migration_counts
+    counts = waits.settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
     history.record("metrics_read", counts=counts.as_dict())
-    problems = []
-    for h in held:
-        problems += [
-            f"{h.label()}: {p}"
-            for p in request_problems(h, h in cut, outcome, case.policy, backend, compared_with)
-        ]
+    problems: list[str] = []
+    notes: list[str] = []
+    for h in loaded.held:
+        response = h.inflight.response
+
+        def moved(h: Held = h, response: Response = response) -> continuity.Migration:
+            targets = loaded.targets
+            return evidence.migration_evidence(
+                targets, victim, response, prompt, history, request=h.n
+            )
+
+        found = evidence.judged(
+            h.request, response, h.owed, outcome, case.policy, h in cut, backend,
+            moved if h in cut else lambda: None,
+        )  # fmt: skip
+        problems += [f"{h.label()}: {p}" for p in found.problems]
+        notes += [f"{h.label()}: {n}" for n in found.notes]
     problems += unmoved(expected, counts, victim, len(cut))
-    problems += count_problems(expected, counts, backend.migration_counts)
+    problems += count_problems(expected, counts, mode)
     problems += waits.late_counts(
-        metrics_url, model, counts_before, counts, expected, backend.migration_counts, history
+        metrics_url, model, before.counts, counts, expected, mode, history
     )
-    after = aftermath(
-        deployment, case, victim, heal, held[0].request, outlives_lease, signalled_at, deadline,
-        history,
-    )  # fmt: skip
-    served = received(targets, {h.request.request_id for h in held})
-    history.record("load_accounted", requests=price(held, cut, signalled_at, served))
-    verdict = Verdict(passed=not problems + after, reasons=problems + after, phase="verdict")
-    verdict.notes = [
-        f"every completed response's text compared with {compared_with}"
-        if compared_with
-        else f"content not compared: {backend.nondeterministic_because}"
-    ]
-    # The lapsed lease is Dynamo's defect only where every request was accounted for exactly.
-    lapsed = outlives_lease and not problems
-    return against_known_defect(verdict, KNOWN_DEFECTS.get(PAST_LEASE if lapsed else case.fault))
+    return Verdict(passed=not problems, reasons=problems, phase="verdict", notes=notes)
+
+
+def each_prompt(
+    after: metrics.FrontendReading, before: metrics.FrontendReading, held: list[Held]
+) -> float:
+    """Each request's prompt as the frontend tokenized it: the case's prompts are of one length
+    (`Backend.shape`), so the count's rise over them, split evenly. A rise that does not split
+    evenly is not that: the re-issued contexts cannot be judged."""
+    rose = after.prompt_tokens - before.prompt_tokens
+    if rose <= 0 or rose % len(held):
+        raise CaseFailure(
+            f"the frontend's prompt count rose by {rose:g} for {len(held)} prompts of one "
+            f"length: each prompt's length, and so each re-issued context, is unknown"
+        )
+    return rose / len(held)
 
 
 def handed_over_at_sigterm(
@@ -270,38 +336,6 @@ def sized_shapes(
     workers = len(deployment.workers)
     pace, sized = paced(deployment.base_url, warmup, workers, seconds, first, deadline, history)
     return [replace(s, max_tokens=sized.max_tokens) for s in shapes], pace
-
-
-def aftermath(
-    deployment: Deployment,
-    case: Case,
-    victim: Worker,
-    heal: recovery.Heal,
-    request: Request,
-    outlives_lease: bool,
-    stopped_at: float,
-    deadline: Deadline,
-    history: History,
-) -> list[str]:
-    """What the fault leaves once every response has ended: a healed worker serving again, the
-    broker's refusal and recovery, every gauge at 0. A stall that outlived the worker's lease,
-    proven by the frontend dropping it, leaves it unroutable on Dynamo 1.6.1 (the known defect
-    of `stall_past_lease`); the worker is then retired so that its pool replaces it. `request`
-    is what the probes of the deployment are made of (`recovery.short`)."""
-    problems: list[str] = []
-    if outlives_lease:
-        recovery.await_unlisted(deployment, victim, stopped_at, history)
-    if case.fault in SILENT:
-        heal()
-        problems += recovery.rejoin_problems(deployment, victim, request, history)
-    if outlives_lease:
-        recovery.retire(victim, deadline)
-    if case.fault in BROKER:
-        problems += recovery.broker_problems(deployment, case.fault, request, history)
-    # A worker the fault ended (or `retire` did) has exited and is not asked for its gauge.
-    gone = victim if victim.process.exit_code() is not None else None
-    metrics_url = deployment.base_url + "/metrics"
-    return problems + idle_problems(deployment, gone, metrics_url, deadline, history)
 
 
 def place(
@@ -421,8 +455,7 @@ def load_bound(
 
 def await_all(
     held: list[Held],
-    metrics_url: str,
-    model: str,
+    deployment: Deployment,
     before: metrics.MigrationCounts,
     deadline: Deadline,
     why: str,
@@ -434,7 +467,8 @@ def await_all(
     `heal_at` (a heal and a number of requests): the heal is called once the frontend has
     counted that many moves, so that a silent worker comes back while the moved requests still
     stream from their successors."""
-    migration = waits.FirstMigration(metrics_url, model, before, history)
+    metrics_url = deployment.base_url + "/metrics"
+    migration = waits.FirstMigration(metrics_url, deployment.model_name, before, history)
 
     def probe() -> tuple[bool | None, str]:
         if migration.seen is None or (heal_at and migration.moves < heal_at[1]):
@@ -474,72 +508,6 @@ def unmoved(
     return [
         f"the frontend counted no migration at all: {victim.name} held {cut} requests when faulted"
     ]
-
-
-def request_problems(
-    h: Held,
-    was_cut: bool,
-    outcome: Outcome,
-    policy_name: str,
-    backend: Backend,
-    compared_with: str = waits.REFERENCE,
-) -> list[str]:
-    """One request against its promise: a request the fault cut ends as the policy says; any
-    other completes whatever the policy. A complete response is whole (tokens, usage, one
-    finish) and, where handoff knows its text (`Held.text`, `compared_with`), gives exactly
-    that."""
-    response, max_tokens = h.inflight.response, h.request.max_tokens
-    if was_cut:
-        problems = response_problems(outcome, policy_name, response, max_tokens)
-    else:
-        problems = completion_problems(response, max_tokens)
-    if not problems and response.status == 200 and response.error is None:
-        kept = continuity.check(
-            response,
-            max_tokens,
-            backend.output_tokens,
-            baseline=h.text,
-            compared_with=compared_with,
-            one_token_per_frame=backend.one_token_per_frame,
-        )
-        problems += kept.problems
-    return problems
-
-
-def idle_problems(
-    deployment: Deployment,
-    gone: Worker | None,
-    metrics_url: str,
-    deadline: Deadline,
-    history: History,
-) -> list[str]:
-    """After the last response, the frontend's in-flight gauge and every surviving worker's
-    must fall to 0 (a healed one's too; `gone`, the worker the fault ended, is not asked): a
-    request still counted is one no client waits for. A gauge that cannot be
-    read is unknown, and polled again; a frontend that exports none fails the case."""
-    survivors = [w for w in deployment.workers if w is not gone]
-
-    def probe() -> tuple[bool | None, str]:
-        text = metrics.scrape(metrics_url)
-        if FRONTEND_INFLIGHT not in text:
-            raise CaseFailure(
-                f"the frontend exports no {FRONTEND_INFLIGHT}: whether it still serves a "
-                f"request is unknown"
-            )
-        try:
-            gauges = deployment.backend.in_flight(survivors)
-        except metrics.Unanswered as exc:
-            return None, str(exc)
-        gauges["the frontend"] = metrics.sample_sum(text, FRONTEND_INFLIGHT)
-        busy = {name: value for name, value in gauges.items() if value}
-        return (None if busy else True), f"in flight: {busy}"
-
-    try:
-        poll_until(probe, deadline.within(GAUGE_SETTLE_S), "every in-flight gauge at 0")
-    except Timeout as exc:
-        return [f"after every response ended: {exc}"]
-    history.record("gauges_idle")
-    return []
 
 
 def price(

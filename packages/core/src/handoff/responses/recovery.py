@@ -14,12 +14,13 @@ import requests
 
 from handoff import client, faults, metrics
 from handoff.backend import Worker
-from handoff.cases import BROKER, STALLS
+from handoff.cases import BROKER, SILENT, STALLS, Case
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.machine.processes import ManagedProcess
+from handoff.machine.worker_logs import receipts
 from handoff.policies import SERVICE_UNAVAILABLE
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses.waits import BROKER_REQUEST_TIMEOUT_S, Settings
@@ -50,6 +51,12 @@ RECOVERY_BOUND_S = 30.0
 #: The longest a probe of the recovery waits for its answer: a request published while the
 #: frontend's NATS client reconnects fails over only after four 10 s attempts.
 PROBE_READ_S = 12.0
+
+
+#: The frontend's gauge of requests it is serving: 0 once every request has ended.
+FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
+#: How long the gauges may take to fall to 0 after the last response ended.
+GAUGE_SETTLE_S = 3.0
 
 
 def send_fault(
@@ -332,3 +339,83 @@ def retire(holder: Worker, deadline: Deadline) -> None:
     holder.process.signal_tree(signal.SIGKILL)
     if left := holder.process.wait_gone(deadline.within(faults.HOLDER_TIMEOUT_S)):
         raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
+
+
+def aftermath(
+    deployment: Deployment,
+    case: Case,
+    victim: Worker,
+    heal: Heal,
+    request: Request,
+    outlives_lease: bool,
+    stopped_at: float,
+    deadline: Deadline,
+    history: History,
+) -> list[str]:
+    """What the fault leaves once every response has ended: a healed worker serving again, the
+    broker's refusal and recovery, every gauge at 0. A stall that outlived the worker's lease,
+    proven by the frontend dropping it, leaves it unroutable on Dynamo 1.6.1 (the known defect
+    of `stall_past_lease`); the worker is then retired so that its pool replaces it. `request`
+    is what the probes of the deployment are made of (`short`)."""
+    problems: list[str] = []
+    if outlives_lease:
+        await_unlisted(deployment, victim, stopped_at, history)
+    if case.fault in SILENT:
+        heal()
+        problems += rejoin_problems(deployment, victim, request, history)
+    if outlives_lease:
+        retire(victim, deadline)
+    if case.fault in BROKER:
+        problems += broker_problems(deployment, case.fault, request, history)
+    # A worker the fault ended (or `retire` did) has exited and is not asked for its gauge.
+    gone = victim if victim.process.exit_code() is not None else None
+    metrics_url = deployment.base_url + "/metrics"
+    return problems + idle_problems(deployment, gone, metrics_url, deadline, history, stopped_at)
+
+
+def idle_problems(
+    deployment: Deployment,
+    gone: Worker | None,
+    metrics_url: str,
+    deadline: Deadline,
+    history: History,
+    faulted_at: float | None = None,
+) -> list[str]:
+    """After the last response, the frontend's in-flight gauge and every surviving worker's
+    must fall to 0 (a healed one's too; `gone`, the worker the fault ended, is not asked): a
+    request still counted is one no client waits for. A successor started after the fault
+    (`faulted_at`) whose log names no request has taken none, and may still be starting: it is
+    not asked. A gauge that cannot be read is unknown, and polled again; a frontend that
+    exports none fails the case."""
+    survivors = [
+        w
+        for w in deployment.workers
+        if w is not gone
+        and (
+            faulted_at is None
+            or (w.process.started_at or 0.0) <= faulted_at
+            or receipts(w.process.log_path)
+        )
+    ]
+
+    def probe() -> tuple[bool | None, str]:
+        text = metrics.scrape(metrics_url)
+        if FRONTEND_INFLIGHT not in text:
+            raise CaseFailure(
+                f"the frontend exports no {FRONTEND_INFLIGHT}: whether it still serves a "
+                f"request is unknown"
+            )
+        try:
+            gauges = deployment.backend.in_flight(survivors)
+        except metrics.Unanswered as exc:
+            return None, str(exc)
+        gauges["the frontend"] = metrics.sample_sum(text, FRONTEND_INFLIGHT)
+        busy = {name: value for name, value in gauges.items() if value}
+        return (None if busy else True), f"in flight: {busy}"
+
+    try:
+        poll_until(probe, deadline.within(GAUGE_SETTLE_S), "every in-flight gauge at 0")
+    except Timeout as exc:
+        return [f"after every response ended: {exc}"]
+    history.record("gauges_idle")
+    return []

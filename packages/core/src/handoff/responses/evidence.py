@@ -1,0 +1,131 @@
+"""The evidence every request of every workload gets once its response has ended, so that no
+workload can skip a check: what the user got against the policy (verdict.request_problems),
+and, for a response that completed, its tokens against the reference or baseline, its guide,
+and, after a move, the context the frontend re-issued (continuity)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from handoff import continuity
+from handoff.backend import Backend, Worker
+from handoff.client import Request, Response
+from handoff.history import History
+from handoff.policies import Outcome
+from handoff.verdict import request_problems
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What one request owes: the text it must give, where handoff knows it, and what that text
+    is called (`waits.REFERENCE` or `waits.BASELINE`)."""
+
+    text: str | None
+    compared_with: str
+
+
+#: A request whose text handoff does not know (a random engine, several choices).
+NO_TEXT = Owed(None, "")
+
+
+def judged(
+    request: Request,
+    response: Response,
+    owed: Owed,
+    outcome: Outcome,
+    policy_name: str,
+    cut: bool,
+    backend: Backend,
+    moved: Callable[[], continuity.Migration | None],
+) -> continuity.Continuity:
+    """One request against its promise: a request the fault `cut` ends as `outcome` says; any
+    other completes whatever the policy, and is judged whole (`checked_content`)."""
+    found = checked_content(request, response, owed, outcome.completes or not cut, backend, moved)
+    found.problems[:0] = request_problems(outcome, policy_name, response, request.max_tokens, cut)
+    return found
+
+
+def checked_content(
+    request: Request,
+    response: Response,
+    owed: Owed,
+    completes: bool,
+    backend: Backend,
+    moved: Callable[[], continuity.Migration | None],
+) -> continuity.Continuity:
+    """A response that `completes` by its promise, and did, judged whole (`content`), with the
+    re-issued context that `moved` gives where it moved; any other has no content to judge."""
+    if completes and response.status == 200 and response.error is None:
+        return content(request, response, owed, backend, moved())
+    unchecked = request.guide is not None and not backend.decodes_guides
+    return continuity.Continuity(notes=[guide_unchecked(backend)] if unchecked else [])
+
+
+def content(
+    request: Request,
+    response: Response,
+    owed: Owed,
+    backend: Backend,
+    migration: continuity.Migration | None,
+) -> continuity.Continuity:
+    """A completed response's tokens, its text against what it owes, its guide, and after a
+    move its re-issued context."""
+    kept = continuity.check(
+        response,
+        request.max_tokens,
+        backend.output_tokens,
+        baseline=owed.text,
+        why_no_baseline=backend.nondeterministic_because,
+        compared_with=owed.compared_with,
+        one_token_per_frame=backend.one_token_per_frame,
+        migration=migration,
+    )
+    if request.guide is not None and not backend.decodes_guides:
+        kept.notes.append(guide_unchecked(backend))
+    elif request.guide is not None:
+        kept.problems += guided_problems(request, response.text, owed.text)
+    return kept
+
+
+def guide_unchecked(backend: Backend) -> str:
+    return f"{backend.name} does not decode guided output: its text is not checked"
+
+
+def guided_problems(request: Request, text: str, expected_text: str | None) -> list[str]:
+    """Where a guided response's text leaves its guide, and where it departs from the
+    reference (or baseline), each named by its first bad character."""
+    problems = [broken] if request.guide and (broken := request.guide.broken(text)) else []
+    at = continuity.first_divergence(expected_text, text) if expected_text is not None else None
+    if at is not None:
+        problems.append(
+            f"the guided output departs from the reference at character {at + 1}: "
+            f"{expected_text[at : at + 40]!r} expected, {text[at : at + 40]!r} received"
+        )
+    return problems
+
+
+def migration_evidence(
+    targets: list[Worker],
+    holder: Worker,
+    response: Response,
+    prompt: float,
+    history: History,
+    **label: object,
+) -> continuity.Migration:
+    """What the re-issued context is judged with beside the stream: the prompt's length as the
+    frontend tokenized it (`prompt`), when the fault was sent, and which other worker of the
+    faulted role logged receiving it. `label` goes on the history's event: which of many
+    requests it was."""
+    fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
+    logs = {w.name: w.process.log_path for w in targets if w is not holder}
+    response_id = response.chunks[0].data.get("id") if response.chunks else None
+    taken = continuity.takeover(logs, str(response_id)) if response_id else None
+    history.record(
+        "takeover_seen",
+        prompt_tokens=int(prompt),
+        worker=taken.worker if taken else None,
+        received_at=round(taken.received_at - history.started, 4) if taken else None,
+        **label,
+    )
+    return continuity.Migration(int(prompt), fault_at, taken)

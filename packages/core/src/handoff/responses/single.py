@@ -1,0 +1,333 @@
+"""One request (plain, guided, or of several choices): send it, fault the worker that holds it
+in its window, wait for its end within a bound computed from the case, and judge it with the
+evidence every request gets (responses.evidence) and the fault's aftermath
+(recovery.aftermath)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from handoff import faults, metrics
+from handoff.backend import Backend, Shape, Worker
+from handoff.cases import PAST_LEASE, SILENT, Case, topology
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.history import History
+from handoff.machine.pace import Pace, paced, response_bound_s
+from handoff.policies import KNOWN_DEFECTS, expected_outcome
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.responses import evidence, recovery, transfer
+from handoff.responses.waits import (
+    BASELINE,
+    CLIENT_GRACE_S,
+    RESPONSE_FIXED_S,
+    RESPONSE_SLOWER_BY,
+    FirstMigration,
+    Settings,
+    fault_wait,
+    last_token,
+    late_counts,
+    record_response,
+    reference_text,
+    settled_counts,
+    undisturbed,
+)
+from handoff.verdict import Verdict, against_known_defect, judge
+
+#: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
+CHOICES = 2
+#: How often the frontend's /metrics is read, as a sign of life, while the response runs.
+FRONTEND_CHECK_S = 1.0
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The case's request, sized to the engine's pace where the backend asks, and what it owes."""
+
+    request: Request
+    shape: Shape
+    pace: Pace | None
+    owed: evidence.Owed
+
+
+@dataclass
+class Sent:
+    """The request in flight, where it is, and how far it had got when proven in flight."""
+
+    inflight: InFlight
+    sent_at: float
+    targets: list[Worker]
+    holder: Worker
+    seen: int = 0
+    proven_at: float = 0.0
+    #: Problems of the topology's own proof made before the fault (the KV transfer).
+    evidence: tuple[str, ...] = ()
+
+
+def exercise_one(
+    deployment: Deployment,
+    case: Case,
+    settings: Settings,
+    deadline: Deadline,
+    history: History,
+    variant: int = 0,
+) -> Verdict:
+    """Send the request, fault the worker that holds it in its window, and judge the outcome.
+    `variant` picks the prompt: a pool's cases each get their own, so none finds another's
+    prefix in a worker's cache."""
+    planned = plan(deployment, case, deadline, history, variant)
+    # Read now, so that only the case's own request counts, not the baseline's: the frontend
+    # counts a prompt over --migration-max-seq-len when the request arrives.
+    before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
+    sent = send_and_prove(deployment, case, planned, before, settings, deadline, history)
+    fault = recovery.send_fault(
+        case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
+    )
+    faulted_at = time.monotonic()
+    recovery.record_fault(deployment, sent.holder, fault, history)
+    heal = recovery.Heal(sent.holder, fault, history)
+    bounded, why = response_deadline(
+        deployment.backend, case, planned, sent, settings, deadline, history
+    )
+    try:
+        await_response(
+            sent.inflight, deployment, before.counts, bounded, history,
+            heal if case.fault in SILENT and case.fault != PAST_LEASE else None,
+        )  # fmt: skip
+    except Timeout as exc:
+        if not why or deadline.expired():
+            raise
+        reading = f"{last_token(sent.inflight)}; ({exc})"
+        raise CaseFailure(f"hung: the response was still open {why}: {reading}") from None
+    record_response(sent.inflight, history)
+    found = judged(deployment, case, planned, sent, before, fault, deadline, history)
+    found.reasons += recovery.aftermath(
+        deployment, case, sent.holder, heal, planned.request, case.fault == PAST_LEASE,
+        faulted_at, deadline, history,
+    )  # fmt: skip
+    found.passed = not found.reasons
+    return against_known_defect(found, KNOWN_DEFECTS.get(case.fault))
+
+
+def plan(
+    deployment: Deployment, case: Case, deadline: Deadline, history: History, variant: int
+) -> Planned:
+    """The case's request: its shape, its guide or choices by topology, sized to the engine's
+    pace where the backend asks (`Backend.output_seconds`), and the text it owes. A guided
+    request on an engine that decodes guides is first proven to keep its guide undisturbed."""
+    backend, where = deployment.backend, topology(case.topology)
+    shape = backend.shape(case, variant)
+    if where.request == "guided":
+        shape = replace(shape, guide=backend.guide(case.api))
+    request = Request(
+        case.api, case.response == "stream", deployment.model_name, shape.prompt,
+        shape.max_tokens, guide=shape.guide,
+        choices=CHOICES if where.request == "choices" else 1,
+    )  # fmt: skip
+    pace = None
+    if (seconds := backend.output_seconds(case)) is not None:
+        workers = len(deployment.workers)
+        pace, shape = paced(
+            deployment.base_url, request, workers, seconds, shape, deadline, history
+        )
+        request = replace(request, max_tokens=shape.max_tokens)
+    owed = evidence.NO_TEXT
+    if request.choices == 1:
+        text = reference_text(deployment, case.api, shape, request, deadline, history)
+        owed = evidence.Owed(*text)
+    if shape.guide is not None and backend.decodes_guides:
+        guide_kept(deployment, request, owed, deadline, history)
+    return Planned(request, shape, pace, owed)
+
+
+def send_and_prove(
+    deployment: Deployment,
+    case: Case,
+    planned: Planned,
+    before: metrics.FrontendReading,
+    settings: Settings,
+    deadline: Deadline,
+    history: History,
+) -> Sent:
+    """Send the request, find the worker that holds it by its own state, and prove it in its
+    fault window (a stream by its chunks, a unary request by the tokens the frontend has
+    received); a kv_transfer case proves its own transfer before the fault."""
+    backend, where, request = deployment.backend, topology(case.topology), planned.request
+    transfers_before = metrics.once_answered(
+        lambda: transfer.decode_transfers(deployment), deadline, "every decode worker's transfers"
+    )
+    inflight = InFlight(
+        deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
+    )
+    sent_at = time.monotonic()
+    history.record(
+        "request_sent", api=case.api, stream=request.stream,
+        prompt_tokens=planned.shape.prompt_tokens, max_tokens=request.max_tokens,
+    )  # fmt: skip
+    targets = [w for w in deployment.workers if w.role == where.target_role]
+    holder = faults.find_holder(backend, targets, inflight, deadline)
+    history.record("holder_found", worker=holder.name, pid=holder.process.pid)
+    proves_transfer = where.proves_kv_transfer
+    counted_early = (
+        proves_transfer
+        and backend.kv_transfer_floor_s(case) is None
+        and transfer.transfer_counted_early(deployment, transfers_before, history)
+    )
+    metrics_url = deployment.base_url + "/metrics"
+    if request.stream:
+        tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
+    else:
+        model, start = deployment.model_name, before.output_tokens
+        tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model) - start  # noqa: E731
+        what = "tokens received by the frontend"
+    proof = faults.prove_in_flight(
+        backend, holder, inflight, tokens_seen, where.fault_window, settings.in_flight_tokens,
+        what, deadline,
+    )  # fmt: skip
+    history.record("in_flight_proven", how=proof)
+    sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
+    if proves_transfer and not counted_early:
+        found = transfer.transfer_evidence(deployment, case, metrics_url, transfers_before, history)
+        sent.evidence = tuple(found)
+    return sent
+
+
+def response_deadline(
+    backend: Backend,
+    case: Case,
+    planned: Planned,
+    sent: Sent,
+    settings: Settings,
+    deadline: Deadline,
+    history: History,
+) -> tuple[Deadline, str]:
+    """When the response must have ended, and why: the fault's own wait, then what the response
+    has left `RESPONSE_SLOWER_BY` times slower than measured (after tokens: the rest at the rate
+    before the proof; before the first: the whole response at the backend's own speed), and
+    `RESPONSE_FIXED_S`; or, where the backend sized the output to its pace, the bound that pace
+    gives from the sending, if sooner. Neither known: the case's own deadline."""
+    shape, pace = planned.shape, planned.pace
+    bound = response_bound_s(shape, pace) if pace else None
+    bounded = deadline.within(bound) if bound else deadline
+    why = ""
+    if bound and pace:
+        why = (
+            f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
+            f"slowest measured {pace.slowest:.0f} tokens/s allow"
+        )
+    wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
+    rest = rest_of_response(case, planned, sent, backend)
+    if rest is None:
+        return bounded, why
+    rest_s, what, basis = rest
+    after_s = round(wait_s + RESPONSE_SLOWER_BY * rest_s + RESPONSE_FIXED_S, 1)
+    history.record("response_bound", seconds=after_s, **basis)
+    if after_s >= bounded.remaining():
+        return bounded, why
+    return deadline.within(after_s), (
+        f"{after_s:.0f} s after the fault on {sent.holder.name}, the bound that {waits_for}"
+        f"{what} allow"
+    )
+
+
+def rest_of_response(
+    case: Case, planned: Planned, sent: Sent, backend: Backend
+) -> tuple[float, str, dict[str, float]] | None:
+    """How long what the response has left after the fault takes, said how, and on what basis:
+    after tokens, the rest at the rate before the proof; before the first token, the whole
+    response again at the backend's own speed, where it knows it."""
+    if sent.seen:
+        rate = sent.seen / max(sent.proven_at - sent.sent_at, 1e-3)
+        tokens = planned.shape.max_tokens - sent.seen
+        basis = {"tokens_per_s": round(rate, 1)}
+        return tokens / rate, f"{tokens} more tokens at {rate:.0f} tokens/s", basis
+    if (whole_s := backend.nominal_response_s(case, planned.shape)) is not None:
+        basis = {"whole_s": round(whole_s, 2)}
+        return whole_s, f"the whole {whole_s:.1f} s response again", basis
+    return None
+
+
+def judged(
+    deployment: Deployment,
+    case: Case,
+    planned: Planned,
+    sent: Sent,
+    before: metrics.FrontendReading,
+    fault: faults.FaultReport,
+    deadline: Deadline,
+    history: History,
+) -> Verdict:
+    """The response and the frontend's counters against the policy, with the evidence every
+    request gets; the counters read once more at the end."""
+    backend, where = deployment.backend, topology(case.topology)
+    metrics_url, model = deployment.base_url + "/metrics", deployment.model_name
+    # Read now, before anything else reaches the frontend: the count rose when the request
+    # arrived, by the prompt as the frontend tokenized it.
+    prompt = metrics.FrontendReading.read(metrics_url, model).prompt_tokens - before.prompt_tokens
+    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
+    mode = backend.migration_counts
+    counts = settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
+    history.record("metrics_read", counts=counts.as_dict())
+    response = sent.inflight.response
+    kept = evidence.checked_content(
+        planned.request, response, planned.owed, expected.completes, backend,
+        lambda: evidence.migration_evidence(sent.targets, sent.holder, response, prompt, history),
+    )  # fmt: skip
+    if kept.problems or kept.notes:
+        history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
+    found = [*sent.evidence, *kept.problems]
+    found += late_counts(metrics_url, model, before.counts, counts, expected, mode, history)
+    verdict = judge(
+        expected, case.policy, response, counts, fault, planned.shape.max_tokens, mode, found
+    )
+    verdict.notes = kept.notes
+    return verdict
+
+
+def guide_kept(
+    deployment: Deployment,
+    request: Request,
+    owed: evidence.Owed,
+    deadline: Deadline,
+    history: History,
+) -> None:
+    """Before the fault, proof that the engine decodes the guide: the request undisturbed keeps
+    it, and gives the reference where there is one. Else a refusal to move it would prove
+    nothing of a guided request. A baseline is that request undisturbed already: it is not
+    sent again."""
+    if owed.compared_with == BASELINE:
+        text, expected_text = str(owed.text), None
+    else:
+        text, expected_text = undisturbed(deployment, request, deadline, history), owed.text
+    if problems := evidence.guided_problems(request, text, expected_text):
+        raise CaseFailure(f"undisturbed, the guided request fails: {'; '.join(problems)}")
+    history.record("guide_kept", characters=len(text))
+
+
+def await_response(
+    inflight: InFlight,
+    deployment: Deployment,
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+    history: History,
+    heal: recovery.Heal | None = None,
+) -> None:
+    """Wait for the response to end, noting when the frontend first counts a migration; from
+    then on `heal` decides when the faulted worker is back (`recovery.Heal.after_move`)."""
+    metrics_url = deployment.base_url + "/metrics"
+    migration = FirstMigration(metrics_url, deployment.model_name, before, history)
+    checked = [time.monotonic()]
+
+    def probe() -> tuple[bool | None, str]:
+        if migration.seen is None or time.monotonic() - checked[0] > FRONTEND_CHECK_S:
+            # Read until the migration shows, then once a second: a frontend that stops
+            # answering while the client waits fails the case in seconds, by name.
+            checked[0] = time.monotonic()
+            migration.read()
+        if migration.seen is not None and heal is not None:
+            heal.after_move(inflight)
+        return (True if inflight.finished else None), inflight.response.summary()
+
+    poll_until(probe, deadline, "the response to finish")
