@@ -21,7 +21,7 @@ from handoff.policies import (
     policy,
 )
 from handoff.polling import Deadline, interruptible
-from handoff.pool import Pools
+from handoff.pool import Pool, Pools
 from handoff.responses import abandon, load, single
 from handoff.responses.waits import (
     Settings,
@@ -74,43 +74,21 @@ def run_case(
     started = time.monotonic()
     history = History()
     deadline = Deadline(timeout_s)
-    pool = deployment = None
+    made = Made()
     interrupted = False
     try:
         # A Ctrl-C that Python swallowed in a finalizer still stops the case at its next wait.
         with interruptible():
-            roles = roles or backend.roles(case.topology)
-            settings = sized_for_queues(case, settings, backend)
-            env = fault_env(case, settings) if frontend_env is None else frontend_env
-            history.record("launch", roles=list(roles), frontend_env=env)
-            pool = pools.pool_for(backend, case, roles) if pools else None
-            deployment = Deployment(
-                backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
-            )
-            draws_before = deployment.pool.draws
-            deployment.start(deadline.within(settings.startup_timeout_s))
-            history.record(
-                "ready",
-                pool=pool.name if pool else "fresh",
-                cases_before=draws_before,
-                workers=[w.name for w in deployment.workers],
-                pids={p.name: p.pid for p in deployment.processes},
-                ports=deployment.ports,
-            )
-            exercised = (
-                load.exercise_load
-                if topology(case.topology).load
-                else abandon.exercise_abandon
-                if case.fault in ABANDONS
-                else single.exercise_one
-            )
-            verdict = exercised(deployment, case, settings, deadline, history, draws_before)
+            verdict = deploy_and_exercise(
+                made, backend, case, folder, settings, deadline, history,
+                frontend_policy, roles, pools, frontend_env,
+            )  # fmt: skip
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
         # reason; the next case still runs.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
     except requests.RequestException as exc:
-        verdict = Verdict(False, [unanswered(deployment, exc)], history.phase)
+        verdict = Verdict(False, [unanswered(made.deployment, exc)], history.phase)
     except Exception as exc:
         # A defect, handoff's or a backend's: it fails this case, by its line, and takes the
         # pool down (its workers may hold the request); the next case still runs.
@@ -122,27 +100,93 @@ def run_case(
         interrupted = True
         raise
     finally:
-        problems = teardown(deployment, history)
+        problems = teardown(made.deployment, history)
         if interrupted:
             history.write(folder / "history.json")
     if problems:
         verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
-    owner = deployment.pool if deployment else pool
+    verdict = concluded(verdict, made, pools, folder, settings, history)
+    return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+@dataclass
+class Made:
+    """What a case has made so far, for its teardown: its pool, then its deployment."""
+
+    pool: Pool | None = None
+    deployment: Deployment | None = None
+
+
+def deploy_and_exercise(
+    made: Made,
+    backend: Backend,
+    case: Case,
+    folder: Path,
+    settings: Settings,
+    deadline: Deadline,
+    history: History,
+    frontend_policy: Policy | None,
+    roles: tuple[str, ...] | None,
+    pools: Pools | None,
+    frontend_env: dict[str, str] | None,
+) -> Verdict:
+    """Draw the case's workers (or start its own), start its frontend, and run its exercise:
+    the load, a client that leaves, or the one request."""
+    roles = roles or backend.roles(case.topology)
+    settings = sized_for_queues(case, settings, backend)
+    env = fault_env(case, settings) if frontend_env is None else frontend_env
+    history.record("launch", roles=list(roles), frontend_env=env)
+    made.pool = pool = pools.pool_for(backend, case, roles) if pools else None
+    made.deployment = deployment = Deployment(
+        backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
+    )
+    draws_before = deployment.pool.draws
+    deployment.start(deadline.within(settings.startup_timeout_s))
+    history.record(
+        "ready",
+        pool=pool.name if pool else "fresh",
+        cases_before=draws_before,
+        workers=[w.name for w in deployment.workers],
+        pids={p.name: p.pid for p in deployment.processes},
+        ports=deployment.ports,
+    )
+    exercised = (
+        load.exercise_load
+        if topology(case.topology).load
+        else abandon.exercise_abandon
+        if case.fault in ABANDONS
+        else single.exercise_one
+    )
+    return exercised(deployment, case, settings, deadline, history, draws_before)
+
+
+def concluded(
+    verdict: Verdict,
+    made: Made,
+    pools: Pools | None,
+    folder: Path,
+    settings: Settings,
+    history: History,
+) -> Verdict:
+    """The verdict once the case is torn down: a wall-clock step fails it (`clock_stepped`);
+    a failed case's pool is discarded with its logs kept; a passed case keeps only its
+    history unless logs are asked for."""
+    owner = made.deployment.pool if made.deployment else made.pool
     step = owner.clock.stepped() if owner else None
     if step is not None:
         verdict = clock_stepped(verdict, step, history)
     spoilt = step is not None or not (verdict.passed or verdict.upstream_defect)
-    if pools and pool and spoilt:
+    if pools and made.pool and spoilt:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
         # A known upstream defect is not theirs: its pool goes on, as after a pass. A pool
         # whose wall clock stepped may have lost its leases: it goes too.
-        discarded = pools.discard(pool, keep_in=folder)
-        history.record("pool_discarded", pool=pool.name, problems=discarded)
+        discarded = pools.discard(made.pool, keep_in=folder)
+        history.record("pool_discarded", pool=made.pool.name, problems=discarded)
     history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
-    return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+    return verdict
 
 
 def clock_stepped(verdict: Verdict, step_s: float, history: History) -> Verdict:
@@ -181,10 +225,12 @@ def raised(exc: Exception) -> str:
     return f"{type(exc).__name__} at {where.filename}:{where.lineno}: {exc}"
 
 
-def unanswered(deployment: Deployment, exc: requests.RequestException) -> str:
+def unanswered(deployment: Deployment | None, exc: requests.RequestException) -> str:
     """A request of the case got no answer. When it went to the frontend, say so, with the
     frontend's state (exited, stopped, running) and its log: that is the cause to read."""
     url = exc.request.url if exc.request is not None else None
+    if deployment is None:
+        return str(exc)
     frontend = deployment.frontend
     if frontend is None or not url or not url.startswith(deployment.base_url):
         return str(exc)

@@ -249,7 +249,7 @@ def judge_load(
     counts = waits.settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
     history.record("metrics_read", counts=counts.as_dict())
     problems: list[str] = []
-    notes: list[str] = []
+    notes: dict[str, list[int]] = {}
     for h in loaded.held:
         response = h.inflight.response
 
@@ -264,13 +264,19 @@ def judge_load(
             moved if h in cut else lambda: None,
         )  # fmt: skip
         problems += [f"{h.label()}: {p}" for p in found.problems]
-        notes += [f"{h.label()}: {n}" for n in found.notes]
+        for note in found.notes:
+            notes.setdefault(note, []).append(h.n)
     problems += unmoved(expected, counts, victim, len(cut))
     problems += count_problems(expected, counts, mode)
     problems += waits.late_counts(
         metrics_url, model, before.counts, counts, expected, mode, history
     )
-    return Verdict(passed=not problems, reasons=problems, phase="verdict", notes=notes)
+    return Verdict(
+        passed=not problems,
+        reasons=problems,
+        phase="verdict",
+        notes=[f"requests {', '.join(map(str, ns))}: {note}" for note, ns in notes.items()],
+    )
 
 
 def each_prompt(
