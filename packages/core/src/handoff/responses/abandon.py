@@ -148,8 +148,7 @@ def exercise_abandon(
     history.record("metrics_read", counts=counts.as_dict())
     problems += count_problems(expected, counts, backend.migration_counts)
     problems += response_problems(inflight)
-    gone = holder if holder.process.exit_code() is not None else None
-    problems += recovery.idle_problems(deployment, gone, metrics_url, deadline, history)
+    problems += recovery.idle_problems(deployment, metrics_url, deadline, history)
     return Verdict(passed=not problems, reasons=problems, phase=history.phase)
 
 

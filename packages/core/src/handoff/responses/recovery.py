@@ -368,21 +368,19 @@ def aftermath(
     if case.fault in BROKER:
         problems += broker_problems(deployment, case.fault, request, history)
     # A worker the fault ended (or `retire` did) has exited and is not asked for its gauge.
-    gone = victim if victim.process.exit_code() is not None else None
     metrics_url = deployment.base_url + "/metrics"
-    return problems + idle_problems(deployment, gone, metrics_url, deadline, history, stopped_at)
+    return problems + idle_problems(deployment, metrics_url, deadline, history, stopped_at)
 
 
 def idle_problems(
     deployment: Deployment,
-    gone: Worker | None,
     metrics_url: str,
     deadline: Deadline,
     history: History,
     faulted_at: float | None = None,
 ) -> list[str]:
     """After the last response, the frontend's in-flight gauge and every surviving worker's
-    must fall to 0 (a healed one's too; `gone`, the worker the fault ended, is not asked): a
+    must fall to 0 (a healed one's too; one that exited, as a killed one, holds nothing): a
     request still counted is one no client waits for. A successor started after the fault
     (`faulted_at`) whose log names no request has taken none, and may still be starting: it is
     not asked. A gauge that cannot be read is unknown, and polled again; a frontend that
@@ -390,7 +388,7 @@ def idle_problems(
     survivors = [
         w
         for w in deployment.workers
-        if w is not gone
+        if w.process.exit_code() is None
         and (
             faulted_at is None
             or (w.process.started_at or 0.0) <= faulted_at
