@@ -149,7 +149,8 @@ def test_a_stream_timeout_below_the_queue_waits_moves_healthy_requests_and_fails
     """The load stall on a frontend whose stream timeout is the single request's 3 s, not the
     one sized above the queues: a request queued on a healthy worker (the busiest survivor's
     third waits a whole 5.2 s response) moves too, the counters exceed the three cut, and the
-    case fails for it plainly: the lease's known defect is the verdict only of an exact case."""
+    case fails for it plainly: the stall still outlives the lease, and the verdict says that
+    the lease's known defect does not explain the count."""
     case = Case.from_id("migration_enabled-worker_stall-chat-nats", "load")
     env = {STREAM_TIMEOUT_ENV: "3"}
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S, frontend_env=env)
@@ -158,3 +159,6 @@ def test_a_stream_timeout_below_the_queue_waits_moves_healthy_requests_and_fails
         r"migration counter ongoing_request = (\d+), expected 3", " ".join(result.verdict.reasons)
     )
     assert counted and int(counted.group(1)) > 3, result.verdict.reasons
+    named = result.verdict.reasons[-1]
+    assert named.startswith("not Dynamo issue 3493 alone: it does not explain: "), named
+    assert counted.group(0) in named

@@ -28,6 +28,8 @@ end-to-end cases):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 from handoff.cases import BROKER, MAY_NOT_MOVE, SILENT
@@ -127,17 +129,39 @@ ABANDONED = {
 @dataclass(frozen=True)
 class KnownDefect:
     """Where Dynamo breaks its own documented promise: the cases of `fault` are judged by the
-    promise, and fail; when they fail with every one of `signature` among their reasons, that
-    is this defect, a strict expected failure. Passing is a failure too: the fix has arrived,
-    and this entry must go."""
+    promise, and fail. A failure is this defect, a strict expected failure, only when every one
+    of `signature` is among its reasons and every reason is one the defect `explains` (a pattern
+    matched against the whole reason); any other reason makes it a plain failure. Passing is a
+    failure too: the fix has arrived, and this entry must go."""
 
     fault: str
     issue: str
     promise: str
     signature: tuple[str, ...]
+    explains: tuple[re.Pattern[str], ...]
 
     def describe(self) -> str:
         return f"{self.issue}: {self.promise}"
+
+    def unexplained(self, reasons: Sequence[str]) -> list[str]:
+        """The reasons none of the defect's patterns matches whole."""
+        return [r for r in reasons if not any(p.fullmatch(r) for p in self.explains)]
+
+
+#: What the reasons of the known defects vary by: the worker, a load case's request (its label
+#: leads each reason about it: responses.load.Held.label), and the frontend's 500 as the client
+#: reads it (an HTTP 500's body, or an SSE error frame).
+WORKER = r"worker-\d+-[a-z]+"
+A_REQUEST = rf"(?:request \d+ \((?:stream|unary), id [\w-]+(?:, [a-z ]+ on {WORKER})?\): )?"
+INTERNAL_ERROR = (
+    r"\{'message': 'Internal server error', 'type': '(?:Internal Server Error|"
+    r"internal_server_error)', 'code': 500(?:, 'details': \{'backend_status': 500\})?\}"
+)
+
+
+def whole(*patterns: str) -> tuple[re.Pattern[str], ...]:
+    """`KnownDefect.explains`: each pattern is matched against a whole reason (fullmatch)."""
+    return tuple(re.compile(p) for p in patterns)
 
 
 #: Dynamo 1.6.1's defects that cases run into on purpose, by fault.
@@ -150,6 +174,22 @@ KNOWN_DEFECTS = {
             "a request running when a drained worker's grace expires must migrate (Dynamo's "
             "graceful-shutdown docs); 1.6.1 ends it with a 500, no migration counted",
             ("Internal server error", "the frontend counted no migration at all"),
+            # Each request the drained worker held ends with the 500 (the response the policy
+            # promised is not there), and the counters of a move read 0; nothing else.
+            whole(
+                rf"{A_REQUEST}the stream carried an error frame: {INTERNAL_ERROR}",
+                rf"{A_REQUEST}finish_reason None, expected 'length'",
+                rf"{A_REQUEST}None completion tokens in usage, expected \d+",
+                rf"{A_REQUEST}expected a complete response, got HTTP 500: {INTERNAL_ERROR}",
+                rf"{A_REQUEST}policy \w+ requires the migration path's error "
+                rf"{re.escape(str(SERVICE_UNAVAILABLE))} \(HTTP 503, or an SSE error frame once "
+                rf"streaming\), but got (?:HTTP 500|an SSE error frame): {INTERNAL_ERROR}",
+                rf"the frontend counted no migration at all: {WORKER}, which was faulted, was "
+                rf"not serving the request",
+                rf"the frontend counted no migration at all: {WORKER} held \d+ requests when "
+                rf"faulted",
+                r"migration counter (?:ongoing_request|succeeded|failed) = 0, expected [1-9]\d*",
+            ),
         ),
         KnownDefect(
             "stall_past_lease",
@@ -158,6 +198,15 @@ KNOWN_DEFECTS = {
             "it runs (3493: a lost lease never recovers, reported on etcd); 1.6.1's file store "
             "never lists it again",
             ("was never routed to again",),
+            # The resumed worker served none of the probes, which the others served, and the
+            # frontend lists no instance of it (recovery.unrejoined); nothing else.
+            whole(
+                rf"({WORKER}), healed after its fault, was never routed to again: timed out "
+                rf"waiting for \1 to serve a request again; last seen: \d+ request\(s\), HTTP "
+                rf"200, \d+ content chunk\(s\), finish_reason=length, completion_tokens=\d+; "
+                rf"the frontend lists instances \{{[^{{}}]*\}} and models \[[^]]*\]; it lists "
+                rf"none of \1"
+            ),
         ),
     )
 }

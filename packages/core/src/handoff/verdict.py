@@ -198,8 +198,10 @@ def judge(
 
 def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdict:
     """A case that runs into a known upstream defect on purpose: failed with the defect's
-    every sign, it is that defect (a strict expected failure); failed otherwise, it is a plain
-    failure; passed, it fails too, saying that the fix has arrived."""
+    every sign and for no reason it does not explain, it is that defect (a strict expected
+    failure); with its signs and other reasons too, a plain failure that names the defect and
+    each reason it does not explain, so that the defect hides no second failure; failed
+    otherwise, a plain failure; passed, it fails too, saying that the fix has arrived."""
     if defect is None:
         return verdict
     if verdict.passed:
@@ -213,6 +215,14 @@ def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdic
             verdict.notes,
         )
     said = " | ".join(verdict.reasons)
-    if all(sign in said for sign in defect.signature):
+    if not all(sign in said for sign in defect.signature):
+        return verdict
+    unexplained = defect.unexplained(verdict.reasons)
+    if unexplained:
+        verdict.reasons = [
+            *verdict.reasons,
+            f"not {defect.issue} alone: it does not explain: " + " | ".join(unexplained),
+        ]
+    else:
         verdict.upstream_defect = defect.describe()
     return verdict
