@@ -14,6 +14,11 @@ runs and answers once the next content frame has been altered; `migrating`, sent
 worker is stopped and the client has read everything there was, says that every frame from
 then on is the new worker's.
 
+In mode "unheard_close" it alters nothing, but keeps its client's going from the frontend: once
+the client has hung up, the frontend's stream is read on to its end with nobody to send it to,
+as a proxy or load balancer that holds its upstream connection open would. The frontend then
+never learns that the client left.
+
 `AlteringProxy` is the test's side: it starts the process (`python altering_proxy.py UPSTREAM
 MODE`, on 127.0.0.1) and talks to it one JSON line per command on its stdin and stdout.
 """
@@ -31,12 +36,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
-from handoff.client import Chunk
+from handoff.client import REQUEST_ID_HEADER, Chunk
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
-#: migration; None forwards the stream as it came.
-MODES = ("replay", "lost_and_repeated", None)
+#: migration; "unheard_close" forwards the stream as it came but never closes the frontend's
+#: stream when the client hangs up; None forwards the stream as it came.
+MODES = ("replay", "lost_and_repeated", "unheard_close", None)
 #: How long the armed proxy waits for a content frame to alter.
 ALTER_TIMEOUT_S = 5.0
 #: How long the test waits for the proxy to answer a command, or to exit once told.
@@ -215,29 +221,49 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) ->
     """Forward one POST and its streamed answer, each whole SSE event as it comes."""
     body = handler.rfile.read(int(handler.headers["Content-Length"]))
     max_tokens = json.loads(body).get("max_tokens")
+    headers = {"Content-Type": "application/json"}
+    if request_id := handler.headers.get(REQUEST_ID_HEADER):  # the workers log it
+        headers[REQUEST_ID_HEADER] = request_id
     with requests.post(
         upstream + handler.path,
         data=body,
-        headers={"Content-Type": "application/json"},
+        headers=headers,
         stream=True,
         timeout=(5, 60),
     ) as answer:
         handler.send_response(answer.status_code)
         handler.send_header("Content-Type", answer.headers.get("Content-Type", ""))
         handler.send_header("Transfer-Encoding", "chunked")
-        handler.send_header("Connection", "close")
+        if state.mode != "unheard_close":  # a client that hangs up needs its socket, which
+            # http.client hands over to a "close" response, out of InFlight.close's reach
+            handler.send_header("Connection", "close")
         handler.end_headers()
-        buffer = b""
+        buffer, heard = b"", True
         for piece in answer.iter_content(chunk_size=None):
             buffer += piece
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
                 for at, data in state.sends(event + b"\n\n", max_tokens):
                     time.sleep(max(0.0, at - time.monotonic()))  # pacing, not a wait on a state
-                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    heard = heard and sent(handler, b"%x\r\n%s\r\n" % (len(data), data), state)
         if buffer:
-            handler.wfile.write(b"%x\r\n%s\r\n" % (len(buffer), buffer))
-        handler.wfile.write(b"0\r\n\r\n")
+            heard = heard and sent(handler, b"%x\r\n%s\r\n" % (len(buffer), buffer), state)
+        if heard:
+            sent(handler, b"0\r\n\r\n", state)
+
+
+def sent(handler: BaseHTTPRequestHandler, data: bytes, state: Alterations) -> bool:
+    """Write `data` to the client; False once it has hung up. Only in mode "unheard_close" is
+    that kept from the frontend, whose stream the caller then reads on; else it ends the relay,
+    and with it the frontend's stream."""
+    try:
+        handler.wfile.write(data)
+        handler.wfile.flush()
+    except OSError:
+        if state.mode != "unheard_close":
+            raise
+        return False
+    return True
 
 
 def frame(event: bytes) -> Chunk | None:

@@ -4,9 +4,11 @@ import contextlib
 import sys
 import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import psutil
 
+from handoff import metrics
 from handoff.polling import Deadline, poll_until
 
 
@@ -92,3 +94,24 @@ def kill_strays(folder) -> None:
         return (None if alive else True), alive
 
     poll_until(gone, Deadline(10), "the killed detached children to exit")
+
+
+class HeldEngineGauge:
+    """Mixed in before a backend with an engine gauge: each worker runs under
+    tests/held_engine_gauge.py, which serves the worker's page on a port of its own with the
+    engine's running gauge held at its highest, and the engine gauge is read there. An engine
+    that ran the request goes on running it, as far as its gauge says; its handler's in-flight
+    gauge, on the worker's own port, is the worker's."""
+
+    def ports_of(self, role):
+        return (*super().ports_of(role), "engine")
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        wrapper = str(Path(__file__).with_name("held_engine_gauge.py"))
+        held = [wrapper, str(ports["engine"]), str(ports["system"]), self.engine_running_gauge]
+        return replace(launch, argv=[sys.executable, *held, "--", *launch.argv])
+
+    def engine_running(self, workers):
+        ports = {w.name: w.ports["engine"] for w in workers}
+        return metrics.worker_sums(ports, self.engine_running_gauge, required=True)

@@ -3,8 +3,10 @@ guide: the request bodies Dynamo 1.6.1 reads, and the outcomes each policy expec
 
 import pytest
 
+from handoff.cases import Case
 from handoff.client import Guide, Request
 from handoff.policies import OUTCOMES, SERVICE_UNAVAILABLE, expected_outcome
+from handoff.responses.waits import STREAM_TIMEOUT_ENV, Settings, fault_env
 from handoff_vllm import cpu
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
@@ -79,3 +81,20 @@ def test_a_client_that_leaves_is_counted_by_what_came_before(lifecycle, moves, s
     outcome = expected_outcome("decoding", "migration_enabled", lifecycle)
     assert (outcome.error, outcome.ongoing_request, outcome.succeeded) == (None, moves, succeeded)
     assert outcome.failed == outcome.new_request == 0
+
+
+@pytest.mark.parametrize(
+    "lifecycle, env",
+    [
+        ("client_close-chat-nats", {}),
+        ("close_after_move-completion-tcp", {}),
+        ("close_in_stall-chat-tcp", {STREAM_TIMEOUT_ENV: "7"}),
+    ],
+)
+def test_a_client_leaving_a_stall_meets_the_stream_timeout_that_would_move_it(lifecycle, env):
+    """Without it the frontend could never move the stalled request: its not moving it would
+    prove nothing."""
+    case = Case.from_id(lifecycle, "abandoned")
+    assert fault_env(case, Settings(stream_timeout_s=7)) == env
+    stall = Case.from_id("migration_enabled-worker_stall-chat-stream-nats")
+    assert fault_env(stall, Settings(stream_timeout_s=7)) == {STREAM_TIMEOUT_ENV: "7"}

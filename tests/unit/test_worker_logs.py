@@ -37,7 +37,7 @@ def test_each_read_takes_only_whole_lines_written_since_the_last(tmp_path: Path)
     with log.open("a") as f:
         f.write("\n")
     assert [i for _, i in reader.read()] == ["id-1", "id-2"]
-    assert reader.offset == log.stat().st_size
+    assert reader.tail.offset == log.stat().st_size
 
 
 def test_a_log_rewritten_shorter_is_read_again_and_a_missing_one_is_empty(tmp_path: Path):

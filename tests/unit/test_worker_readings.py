@@ -4,14 +4,16 @@ loopback: one that serves Prometheus text, one that accepts and never answers, o
 
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import pytest
 
 from handoff import faults, metrics
-from handoff.backend import INFLIGHT, Worker
+from handoff.backend import INFLIGHT, VLLM_RUNNING, Worker
 from handoff.polling import Deadline, Timeout
+from handoff.responses import abandon
 from handoff.responses.transfer import decode_transfers
 from handoff_mocker import MockerBackend
 
@@ -166,3 +168,57 @@ def test_a_transfer_count_lacking_a_decode_worker_is_no_count(loopback):
     assert str(raised.value).endswith("; worker-1-decode said 4")
     deployment.workers.pop()
     assert decode_transfers(deployment) == 4  # the prefill worker's port is never read
+
+
+#: A worker's page while its engine runs the request, in the shape the mocker gives it: vLLM's
+#: engine gauge, one series per engine, beside the handler's.
+RUNNING_PAGE = (
+    "# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+    'vllm:num_requests_running{engine="1",model_name="m"} 0\n'
+)
+
+
+def test_the_engine_gauge_is_summed_over_engines_and_absent_is_unknown_not_zero(loopback):
+    """An engine gauge the page lacks says nothing about the engine: unknown, where an absent
+    counter would be 0."""
+    backend = MockerBackend()
+    assert backend.engine_running_gauge == VLLM_RUNNING
+    running = worker("worker-0", loopback.serving(inflight_text(0) + RUNNING_PAGE))
+    assert backend.engine_running([running]) == {"worker-0": 1}
+    bare = worker("worker-1", loopback.serving(inflight_text(0)))
+    with pytest.raises(metrics.Unanswered) as raised:
+        backend.engine_running([running, bare])
+    assert str(raised.value) == (
+        f"no answer to {VLLM_RUNNING} from worker-1 (port {bare.ports['system']}: exports no "
+        f"{VLLM_RUNNING}); worker-0 said 1"
+    )
+    assert metrics.worker_sums({"worker-1": bare.ports["system"]}, VLLM_RUNNING) == {
+        "worker-1": 0
+    }  # as a counter, not required: absent is 0
+
+
+def test_a_backend_without_an_engine_gauge_reads_none(loopback):
+    backend = MockerBackend()
+    backend.engine_running_gauge = None
+    assert backend.engine_running([worker("worker-0", loopback.refusing())]) is None
+
+
+def test_a_worker_whose_engine_goes_on_running_has_not_stopped_the_request(loopback):
+    """Its handler let the request go (in flight 0), its engine still runs it: not stopped,
+    and the timeout says which of the two still runs it."""
+    deployment = SimpleNamespace(backend=MockerBackend())
+    going_on = worker("worker-0", loopback.serving(inflight_text(0) + RUNNING_PAGE))
+    with pytest.raises(Timeout) as raised:
+        abandon.await_stopped(deployment, going_on, 0.0, Deadline(0.2))
+    assert str(raised.value) == (
+        "timed out waiting for worker-0 to stop the request; last seen: 0 in flight by its "
+        f"handler, 1 running in its engine ({VLLM_RUNNING})"
+    )
+    refusing = worker("worker-1", loopback.refusing())
+    with pytest.raises(Timeout) as raised:  # a worker that does not answer has not stopped
+        abandon.await_stopped(deployment, refusing, 0.0, Deadline(0.2))
+    assert f"no answer to {INFLIGHT} from worker-1" in str(raised.value)
+    idle_page = RUNNING_PAGE.replace("} 1\n", "} 0\n")
+    stopped = worker("worker-2", loopback.serving(inflight_text(0) + idle_page))
+    assert abandon.await_stopped(deployment, stopped, time.monotonic(), Deadline(0.2)) < 0.2

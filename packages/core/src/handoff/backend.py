@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 #: Dynamo's runtime exports this on every worker's system port, whatever the engine.
 INFLIGHT = "dynamo_component_inflight_requests"
+#: vLLM's own gauge of the requests its engine is running, which Dynamo passes through on the
+#: worker's system port; Dynamo's mocker exports it under the same name.
+VLLM_RUNNING = "vllm:num_requests_running"
 #: The default guides (`Backend.guide`): an object of one string, and words.
 OBJECT_SCHEMA = {
     "type": "object",
@@ -114,6 +117,10 @@ class Backend(ABC):
     #: A counter of completed KV transfers that decode workers export on their system port:
     #: a kv_transfer case proves its transfer by it when the backend knows no transfer time.
     kv_transfer_counter: ClassVar[str | None] = None
+    #: A gauge of the requests the engine itself is running, on each worker's system port
+    #: (`engine_running`): the engine's own word that it stopped a request whose client left,
+    #: where the handler's in-flight gauge speaks only for Dynamo's side. None: it has none.
+    engine_running_gauge: ClassVar[str | None] = None
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
     cpus_per_case: ClassVar[float] = 1.0
@@ -227,6 +234,15 @@ class Backend(ABC):
         `metrics.Unanswered` when any does not answer: what it holds is unknown."""
         ports = {w.name: w.ports["system"] for w in workers}
         return worker_sums(ports, INFLIGHT, {"dynamo_endpoint": "generate"})
+
+    def engine_running(self, workers: Sequence[Worker]) -> dict[str, float] | None:
+        """The requests each worker's engine reports running, by name, from
+        `engine_running_gauge` on its `system` port; None where the backend names no such
+        gauge. Raises `metrics.Unanswered` when any does not answer or does not export it."""
+        if self.engine_running_gauge is None:
+            return None
+        ports = {w.name: w.ports["system"] for w in workers}
+        return worker_sums(ports, self.engine_running_gauge, required=True)
 
     def holders(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that report a request in flight right now (`in_flight`)."""

@@ -40,15 +40,21 @@ def sample_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
     An absent series counts as 0: Dynamo exports no migration series before the first migration.
     Only the lines that can hold `name` are parsed: a frontend's page runs to hundreds of series.
     """
+    return sum(samples(text, name, labels))
+
+
+def samples(text: str, name: str, labels: Mapping[str, str] | None = None) -> list[float]:
+    """The values of the samples called `name` whose labels include `labels`; none where the
+    page has no such series."""
     labels = labels or {}
     family = name.removesuffix("_total").removesuffix("_count").removesuffix("_sum")
     relevant = "\n".join(line for line in text.splitlines() if family in line)
-    return sum(
+    return [
         sample.value
         for parsed in text_string_to_metric_families(relevant + "\n")
         for sample in parsed.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+    ]
 
 
 class Unanswered(CaseFailure):
@@ -61,17 +67,24 @@ def worker_sums(
     name: str,
     labels: Mapping[str, str] | None = None,
     timeout_s: float = WORKER_READ_S,
+    required: bool = False,
 ) -> dict[str, float]:
     """`sample_sum` of each worker's own /metrics, by worker name (`ports`: name -> system
-    port). Raises Unanswered, naming every worker that did not answer and what the others said."""
+    port). Raises Unanswered, naming every worker that did not answer and what the others said.
+    `required`: a worker whose page has no such series did not answer either (a gauge that is
+    absent says nothing, where an absent counter means 0)."""
     read, silent = {}, []
     for worker, port in ports.items():
         try:
             text = scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=timeout_s)
         except requests.RequestException as exc:
             silent.append(f"{worker} (port {port}: {type(exc).__name__})")
+            continue
+        found = samples(text, name, labels)
+        if required and not found:
+            silent.append(f"{worker} (port {port}: exports no {name})")
         else:
-            read[worker] = sample_sum(text, name, labels)
+            read[worker] = sum(found)
     if silent:
         said = "".join(f"; {worker} said {value:g}" for worker, value in read.items())
         raise Unanswered(f"no answer to {name} from {', '.join(silent)}{said}")

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import ClassVar
 
-from handoff.backend import Backend, Launch, Model, Shape
+from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape
 from handoff.cases import ABANDONS, KILLS, Case, topology
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
@@ -122,6 +122,9 @@ class MockerBackend(Backend):
     }
     worker_ports = ("system",)
     migration_counts = "exact"
+    #: The mocker's scheduler exports vLLM's gauge of the requests it runs (with `engine` and
+    #: `model_name` labels), beside the handler's: 1 while it decodes, 0 once it stopped.
+    engine_running_gauge = VLLM_RUNNING
     defaults: ClassVar[dict[str, object]] = {
         **Backend.defaults,
         "case_timeout_s": 90.0,

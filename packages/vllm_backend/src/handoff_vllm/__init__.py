@@ -35,7 +35,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from handoff import word_tokenizer
-from handoff.backend import TIMEOUT_MARKER, Model
+from handoff.backend import TIMEOUT_MARKER, VLLM_RUNNING, Model
 from handoff.cases import ABANDONS, KILLS, Restriction, topology
 from handoff.client import Guide
 from handoff.gpu_backend import (
@@ -114,6 +114,9 @@ class VllmBackend(DynamoGpuBackend):
     #: NIXL transfers completed by a decode worker (it reads the KV blocks from the prefill
     #: worker), from vLLM's NIXL connector metrics on the worker's /metrics.
     kv_transfer_counter = "vllm:nixl_xfer_time_seconds_count"
+    #: vLLM's own count of the requests its engine runs (`vllm:num_requests_running`, a v1
+    #: engine gauge with `engine` and `model_name` labels), passed through on the system port.
+    engine_running_gauge = VLLM_RUNNING
     # Seeds from Dynamo's suite, to be profiled again with handoff's profiler.
     timeouts = {"aggregate": 290.0, "decode": 350.0, "kv_transfer": 350.0}
     profiled_vram_gib = {"aggregate": 4.8, "decode": 6.8, "kv_transfer": 6.9}

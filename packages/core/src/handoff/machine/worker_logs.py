@@ -16,34 +16,48 @@ RECEIVED = re.compile(r"^(\S+Z)\s.*\brequest received request_id=(\S+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class Receipts:
-    """The `request received` lines of one log, as (timestamp, request id), kept up to date by
-    reading from where the last read ended. A line is taken once it is whole; a log that shrank
-    (rewritten) is read again from its start."""
+class Tail:
+    """A log's whole lines, ANSI colours removed, each read taking only those written since the
+    last; a log that shrank (rewritten) is read again from its start, and `restarted` says so
+    until the next read."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
         self.partial = b""
-        self.seen: list[tuple[str, str]] = []
+        self.restarted = False
 
-    def read(self) -> list[tuple[str, str]]:
+    def new_lines(self) -> list[str]:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
-            return self.seen
-        if size < self.offset:
-            self.offset, self.partial, self.seen = 0, b"", []
+            return []
+        self.restarted = size < self.offset
+        if self.restarted:
+            self.offset, self.partial = 0, b""
         with self.path.open("rb") as log:
             log.seek(self.offset)
             data = log.read()
         self.offset += len(data)
         *whole, self.partial = (self.partial + data).split(b"\n")
-        for raw in whole:
-            if b"request received" in raw:
-                line = ANSI.sub("", raw.decode(errors="replace"))
-                if found := RECEIVED.match(line):
-                    self.seen.append((found.group(1), found.group(2)))
+        return [ANSI.sub("", raw.decode(errors="replace")) for raw in whole]
+
+
+class Receipts:
+    """The `request received` lines of one log, as (timestamp, request id), kept up to date
+    from its `Tail`; a log rewritten shorter is read again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.tail = Tail(path)
+        self.seen: list[tuple[str, str]] = []
+
+    def read(self) -> list[tuple[str, str]]:
+        lines = self.tail.new_lines()
+        if self.tail.restarted:
+            self.seen = []
+        for line in lines:
+            if "request received" in line and (found := RECEIVED.match(line)):
+                self.seen.append((found.group(1), found.group(2)))
         return self.seen
 
 

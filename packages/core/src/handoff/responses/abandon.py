@@ -1,7 +1,7 @@
 """A client that leaves (cases.ABANDONS): it closes its stream mid-response, once the request
 has moved, or while the worker holding it is stopped. The frontend must count the close once
-and move nothing it should not, and every worker that held the request must stop it: none may
-go on generating for a client that has gone."""
+and move nothing it should not, and every worker that held the request must stop it, in its
+handler and in its engine: none may go on generating for a client that has gone."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.machine import worker_logs
-from handoff.machine.worker_logs import ANSI
 from handoff.policies import expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery
@@ -43,11 +42,11 @@ UNSENT = "Failed to publish response for stream"
 #: How long every worker that held the request has to stop it once the client has left (or,
 #: stopped then, once it runs again). Measured: within 0.1 s (benchmarks/RESULTS.md).
 STOP_BOUND_S = 5.0
-#: How long past its stream timeout the frontend is watched for a move it must not make: its
-#: router moved a stalled worker's request 0.01-0.23 s after the timeout (benchmarks/RESULTS.md).
-#: Twice the timeout would hold a vLLM worker (5 s) stopped past its 10 s discovery lease, after
-#: which Dynamo 1.6.1 never routes to it again (Dynamo issue 3493).
-MOVE_WATCH_MARGIN_S = 2.0
+#: How much longer than the frontend took to answer, measured in the case, a move made when
+#: its stream timeout fires may take to show in its counters: the watch of a stalled request
+#: whose client left runs that long past the timeout (`MoveWatch`), as a response is given
+#: RESPONSE_SLOWER_BY times its measured rate.
+MOVE_SLOWER_BY = 4.0
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,12 @@ class Readings:
             deadline.within(metrics.WORKER_READ_S * 2),
             f"every worker's {WORKER_CANCELLATIONS}",
         )
-        frontend = {name: metrics.sample_sum(text, name, labels) for name, labels in CLOSE_COUNTERS}
-        return cls(frontend, counted)
+        return cls(frontend_closes(text), counted)
+
+
+def frontend_closes(text: str) -> dict[str, float]:
+    """`CLOSE_COUNTERS` as the frontend's page `text` gives them, by name."""
+    return {name: metrics.sample_sum(text, name, labels) for name, labels in CLOSE_COUNTERS}
 
 
 def exercise_abandon(
@@ -91,7 +94,7 @@ def exercise_abandon(
         case.api, True, model, shape.prompt, shape.max_tokens, request_id=str(uuid.uuid4())
     )
     targets = [w for w in deployment.workers if w.role == where.target_role]
-    counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
+    counts_before = metrics.MigrationCounts.read(metrics_url, model)
     before = Readings.take(deployment, targets, deadline)
     inflight = InFlight(
         deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
@@ -100,6 +103,48 @@ def exercise_abandon(
         "request_sent", api=case.api, stream=True, max_tokens=shape.max_tokens,
         request_id=request.request_id,
     )  # fmt: skip
+    holder, heal = lead_up(deployment, case, settings, inflight, targets, deadline, history)
+    closed_at = inflight.close()
+    history.record_at("client_closed", closed_at, chunks=inflight.response.content_chunks)
+    try:
+        problems = []
+        if heal is not None:  # the stall: the frontend must not move what its client left
+            watch = MoveWatch(deployment, counts_before, before, closed_at, settings)
+            problems += watch.problems(heal, deadline, history)
+            heal()
+        problems += stop_problems(deployment, request, before, deadline, history)
+        if heal is not None:  # and the worker, running again, must be routed to again
+            problems += recovery.rejoin_problems(deployment, holder, request, history)
+    finally:
+        if heal is not None:
+            heal()
+    poll_until(lambda: (True if inflight.finished else None, "open"), deadline, "the client")
+    record_response(inflight, history)
+    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
+    counts = settled_counts(
+        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
+    )
+    history.record("metrics_read", counts=counts.as_dict())
+    problems += count_problems(expected, counts, backend.migration_counts)
+    problems += response_problems(inflight)
+    problems += recovery.idle_problems(deployment, metrics_url, deadline, history)
+    return Verdict(passed=not problems, reasons=problems, phase=history.phase)
+
+
+def lead_up(
+    deployment: Deployment,
+    case: Case,
+    settings: Settings,
+    inflight: InFlight,
+    targets: list[Worker],
+    deadline: Deadline,
+    history: History,
+) -> tuple[Worker, recovery.Heal | None]:
+    """Everything before the client leaves: the holder found and proven in flight, then the
+    lifecycle's worker fault (none, a kill, a stall) and, after a kill, the successor proven to
+    hold the request; the response still open. The holder, and the stall's heal (None for the
+    other lifecycles)."""
+    backend, where = deployment.backend, topology(case.topology)
     holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
     chunks = lambda: inflight.response.content_chunks  # noqa: E731
@@ -126,55 +171,97 @@ def exercise_abandon(
             f"missed the window: the response ended before the client could leave it: "
             f"{inflight.response.summary()}"
         )
-    closed_at = inflight.close()
-    history.record_at("client_closed", closed_at, chunks=chunks())
-    try:
-        problems = []
-        if heal is not None:  # the stall: the frontend must not move what its client left
-            problems += unmoved_while_stopped(metrics_url, model, counts_before, settings, history)
-            heal()
-        problems += stop_problems(deployment, request, before, deadline, history)
-        if heal is not None:  # and the worker, running again, must be routed to again
-            problems += recovery.rejoin_problems(deployment, holder, request, history)
-    finally:
-        if heal is not None:
-            heal()
-    poll_until(lambda: (True if inflight.finished else None, "open"), deadline, "the client")
-    record_response(inflight, history)
-    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
-    counts = settled_counts(
-        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
-    )
-    history.record("metrics_read", counts=counts.as_dict())
-    problems += count_problems(expected, counts, backend.migration_counts)
-    problems += response_problems(inflight)
-    problems += recovery.idle_problems(deployment, metrics_url, deadline, history)
-    return Verdict(passed=not problems, reasons=problems, phase=history.phase)
+    return holder, heal
 
 
-def unmoved_while_stopped(
-    metrics_url: str,
-    model: str,
-    before: metrics.MigrationCounts,
-    settings: Settings,
-    history: History,
-) -> list[str]:
-    """With the holder stopped and its client gone, the frontend must not move the request:
-    its counters are watched until its router's stream timeout would have moved it, and a
-    margin (`MOVE_WATCH_MARGIN_S`)."""
-    window_s = settings.stream_timeout_s + MOVE_WATCH_MARGIN_S
+class MoveWatch:
+    """With the holder stopped and its client gone, the frontend must not move the request.
+    Its counters are read from the close until a reading that began once a move would show:
+    the stream timeout after the close (the frontend's inactivity timer began at the stopped
+    worker's last token, before it), then MOVE_SLOWER_BY times the frontend's slowest answer
+    in the case: the time it took to count the close (an event it acts on, then a read of its
+    counters), or any one read of its counters since, whichever is longer. The close must show
+    first: until then the window is not known."""
 
-    def probe() -> tuple[metrics.MigrationCounts | None, str]:
-        moved = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model).since(before)
-        return (moved if moved.moves else None), "no move"
+    def __init__(
+        self,
+        deployment: Deployment,
+        counts_before: metrics.MigrationCounts,
+        before: Readings,
+        closed_at: float,
+        settings: Settings,
+    ) -> None:
+        assert deployment.model is not None
+        self.metrics_url, self.model = deployment.base_url + "/metrics", deployment.model.name
+        self.counts_before, self.closes_before = counts_before, before.frontend
+        self.closed_at, self.timeout_s = closed_at, settings.stream_timeout_s
+        #: The frontend's slowest answer so far, from the close until it counted the close,
+        #: or over one read; None until the close is counted.
+        self.slowest_s: float | None = None
+        self.moved: metrics.MigrationCounts | None = None
 
-    try:
-        moved = poll_until(probe, Deadline(window_s), "a move the frontend must not make")
-    except Timeout:  # the window passed with nothing moved: as it must be
-        history.record("no_move_while_stopped", seconds=window_s)
+    @property
+    def until(self) -> float | None:
+        """When a move would show at the latest (monotonic); None until the close shows."""
+        if self.slowest_s is None:
+            return None
+        return self.closed_at + self.timeout_s + MOVE_SLOWER_BY * self.slowest_s
+
+    def read(self, resume_by: float) -> tuple[bool | None, str]:
+        """One reading of the frontend's counters: True once one shows a move, began at or
+        after the watch's end, or finds that end past `resume_by`."""
+        started = time.monotonic()
+        text = metrics.scrape(self.metrics_url)
+        answered = time.monotonic()
+        moved = metrics.MigrationCounts.parse(text, self.model).since(self.counts_before)
+        if moved.moves:
+            self.moved = moved
+            return True, str(moved)
+        closes = frontend_closes(text)
+        if self.slowest_s is None:
+            if not all(closes[name] > self.closes_before[name] for name in closes):
+                return None, f"the close not counted yet: {closes}"
+            self.slowest_s = answered - self.closed_at
+        self.slowest_s = max(self.slowest_s, answered - started)
+        assert self.until is not None
+        done = started >= self.until or self.until > resume_by
+        return (True if done else None), f"no move; the slowest answer {self.slowest_s:.3f} s"
+
+    def problems(self, heal: recovery.Heal, deadline: Deadline, history: History) -> list[str]:
+        """Watch until the window has passed, within the time the stopped worker has before
+        it must be resumed (`heal.resume_by`, inside its discovery lease); what it found."""
+        stopped = f"{heal.holder.name} had to be resumed, inside its discovery lease"
+        left_s = max(heal.resume_by - time.monotonic(), 0.0)
+        try:
+            poll_until(
+                lambda: self.read(heal.resume_by), deadline.within(left_s),
+                "the close to be counted and the window after it to pass",
+            )  # fmt: skip
+        except Timeout as exc:
+            if self.until is not None:  # the case's own deadline came first
+                raise
+            return [
+                f"the frontend never counted its client's close before {stopped}: whether it "
+                f"would move the request cannot be judged ({exc})"
+            ]
+        if self.moved is not None:
+            history.record("migration_seen", **self.moved.as_dict())
+            return [
+                f"the frontend moved a request whose client had left ({self.moved}): work for "
+                f"nobody"
+            ]
+        assert self.until is not None and self.slowest_s is not None
+        window_s = round(self.until - self.closed_at, 3)
+        if self.until > heal.resume_by:
+            return [
+                f"a move would show only {window_s} s after the close, past the time {stopped}:"
+                f" the frontend took up to {self.slowest_s:.3f} s to answer"
+            ]
+        history.record(
+            "no_move_while_stopped", seconds=window_s, slowest_answer_s=round(self.slowest_s, 3),
+            stream_timeout_s=self.timeout_s,
+        )  # fmt: skip
         return []
-    history.record("migration_seen", **moved.as_dict())
-    return [f"the frontend moved a request whose client had left ({moved}): work for nobody"]
 
 
 def stop_problems(
@@ -184,16 +271,14 @@ def stop_problems(
     deadline: Deadline,
     history: History,
 ) -> list[str]:
-    """Every worker that logged the request, and is alive, stops it within `STOP_BOUND_S`: its
-    in-flight gauge falls to 0. The last of them, which held it when the client left, logs its
-    end and why (`CANCELLED`, `UNSENT` or both), and its cancellation counter agrees with its
-    log; no other worker took a cancellation."""
+    """Every worker that logged the request, and is alive, stops it within `STOP_BOUND_S`
+    (`await_stopped`). The last of them, which held it when the client left, logs its end and
+    why (`ending_problems`), and the cancellation counters agree (`cancellation_problems`)."""
     rid = str(request.request_id)
     held = worker_logs.received(deployment.workers, {rid}).get(rid, [])
     alive = [w for w in deployment.workers if w.name in held and w.process.exit_code() is None]
     if not alive:
         return [f"no live worker logged the request {rid}: who held it when its client left?"]
-    last = next((w for w in alive if w.name == held[-1]), None)
     problems: list[str] = []
     started = time.monotonic()
     for worker in alive:
@@ -205,18 +290,42 @@ def stop_problems(
         history.record("request_stopped", worker=worker.name, seconds=round(stopped_s, 3))
     if problems:  # what a worker that never stopped counted cannot be read from it
         return problems
+    last = next((w for w in alive if w.name == held[-1]), None)
     if last is None:
         return [f"{held[-1]}, which held the request last, is gone: nothing to judge"]
+    problems, rises = ending_problems(last, rid, deadline, history)
+    counted = cancellation_problems(deployment, held, last, rises, before, deadline, history)
+    return problems + counted
+
+
+def ending_problems(
+    last: Worker, rid: str, deadline: Deadline, history: History
+) -> tuple[list[str], int]:
+    """The worker that held the request last logs its end and why (`CANCELLED`, `UNSENT` or
+    both); what is wrong, and by how much its cancellation counter must have risen."""
     found = ended_because(last, rid, deadline)
     history.record("request_ended", worker=last.name, logged=sorted(found or ()))
     if found is None:
-        problems.append(f"{last.name} never logged {ENDED!r} for the request {rid}")
-        found = set()
-    elif not found:
+        return [f"{last.name} never logged {ENDED!r} for the request {rid}"], 0
+    problems = []
+    if not found:
         problems.append(
             f"{last.name} ended the request {rid} without logging {CANCELLED!r} or {UNSENT!r}"
         )
-    rises = 1 if CANCELLED in found else 0
+    return problems, 1 if CANCELLED in found else 0
+
+
+def cancellation_problems(
+    deployment: Deployment,
+    held: list[str],
+    last: Worker,
+    rises: int,
+    before: Readings,
+    deadline: Deadline,
+    history: History,
+) -> list[str]:
+    """The last holder's cancellation counter rose by `rises`, no other worker's moved, and
+    each of the frontend's `CLOSE_COUNTERS` rose by exactly one."""
     # Every live worker that was counted before, or held the request: a successor started
     # after the fault that never held it may not answer yet, and took nothing.
     counted = [
@@ -225,6 +334,7 @@ def stop_problems(
         if w.process.exit_code() is None and (w.name in before.workers or w.name in held)
     ]
     after = Readings.take(deployment, counted, deadline)
+    problems = []
     for worker in counted:
         want = rises if worker is last else 0
         got = after.workers[worker.name] - before.workers.get(worker.name, 0.0)
@@ -242,15 +352,24 @@ def stop_problems(
 def await_stopped(
     deployment: Deployment, worker: Worker, since: float, deadline: Deadline
 ) -> float:
-    """Seconds from `since` until `worker` reports nothing in flight; a reading that fails is
-    unknown, and polled again."""
+    """Seconds from `since` until `worker` runs nothing: its handler's in-flight gauge at 0,
+    and its engine's own running gauge at 0 where the backend names one (an engine that goes
+    on decoding, its handler done, is caught there). A reading that fails, or an engine gauge
+    the worker does not export, is unknown, and polled again."""
+    backend = deployment.backend
 
     def probe() -> tuple[float | None, str]:
         try:
-            held = deployment.backend.in_flight([worker])[worker.name]
+            held = backend.in_flight([worker])[worker.name]
+            engine = backend.engine_running([worker])
         except metrics.Unanswered as exc:
             return None, str(exc)
-        return (time.monotonic() - since if not held else None), f"{held:g} in flight"
+        running = engine[worker.name] if engine is not None else 0.0
+        seen = f"{held:g} in flight by its handler"
+        if engine is not None:
+            seen += f", {running:g} running in its engine ({backend.engine_running_gauge})"
+        done = not held and not running
+        return (time.monotonic() - since if done else None), seen
 
     return poll_until(probe, deadline.within(STOP_BOUND_S), f"{worker.name} to stop the request")
 
@@ -259,9 +378,13 @@ def ended_because(worker: Worker, rid: str, deadline: Deadline) -> set[str] | No
     """Of `CANCELLED` and `UNSENT`, those the worker's log says of the request `rid` once it
     logs the request's end (within `STOP_BOUND_S`); None if it never does."""
 
+    tail, entries = worker_logs.Tail(worker.process.log_path), []
+
     def probe() -> tuple[set[str] | None, str]:
-        text = ANSI.sub("", worker.process.log_path.read_text(errors="replace"))
-        entries = [entry for entry in text.splitlines() if rid in entry]
+        lines = tail.new_lines()
+        if tail.restarted:
+            entries.clear()
+        entries.extend(line for line in lines if rid in line)
         said = {line for line in (ENDED, CANCELLED, UNSENT) if any(line in e for e in entries)}
         return (said - {ENDED} if ENDED in said else None), f"{sorted(said)} so far"
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from handoff import client, faults, metrics
 from handoff.backend import Backend, Shape
-from handoff.cases import BROKER, SILENT, Case, topology
+from handoff.cases import ABANDONS, BROKER, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -125,9 +125,11 @@ def rounds(requests: int, survivors: int, decoding_at_once: int | None) -> int:
 
 def fault_env(case: Case, settings: Settings) -> dict[str, str]:
     """What bounds the fault's wait at the frontend. A stall or a partition is silence on the
-    worker's response stream: the frontend's inactivity timeout ends it. A lost broker leaves a
-    new request waiting on NATS: the NATS request timeout ends it."""
-    if case.fault in SILENT:
+    worker's response stream: the frontend's inactivity timeout ends it. A client that leaves a
+    stalled worker (`close_in_stall`) gets the same timeout, so that the move the frontend must
+    not make is one it would make had the client stayed. A lost broker leaves a new request
+    waiting on NATS: the NATS request timeout ends it."""
+    if case.fault in SILENT or ABANDONS.get(case.fault) in SILENT:
         return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
     if case.fault in BROKER:
         return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
