@@ -24,6 +24,7 @@ from handoff.polling import Deadline, interruptible
 from handoff.pool import Pool, Pools
 from handoff.responses import abandon, load, single
 from handoff.responses.waits import (
+    CaseRun,
     Settings,
     fault_env,
     sized_for_queues,
@@ -157,7 +158,7 @@ def deploy_and_exercise(
         if case.fault in ABANDONS
         else single.exercise_one
     )
-    return exercised(deployment, case, settings, deadline, history, draws_before)
+    return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))
 
 
 def concluded(

@@ -20,7 +20,13 @@ from handoff.machine import worker_logs
 from handoff.policies import expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery
-from handoff.responses.waits import CLIENT_GRACE_S, Settings, record_response, settled_counts
+from handoff.responses.waits import (
+    CLIENT_GRACE_S,
+    CaseRun,
+    Settings,
+    record_response,
+    settled_counts,
+)
 from handoff.verdict import Verdict, count_problems
 
 #: What the frontend counts of a client that leaves, as Dynamo 1.6.1 names it: each rises by
@@ -76,20 +82,14 @@ def frontend_closes(text: str) -> dict[str, float]:
     return {name: metrics.sample_sum(text, name, labels) for name, labels in CLOSE_COUNTERS}
 
 
-def exercise_abandon(
-    deployment: Deployment,
-    case: Case,
-    settings: Settings,
-    deadline: Deadline,
-    history: History,
-    variant: int = 0,
-) -> Verdict:
+def exercise_abandon(run: CaseRun) -> Verdict:
     """Stream a request, let the lifecycle's worker fault come first (none, a kill, a stall),
     hang up, and judge what the frontend counted and what every worker that held it did."""
+    deployment, case, settings, deadline, history = run.parts
     backend, where = deployment.backend, topology(case.topology)
     assert deployment.model is not None
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    shape = backend.shape(case, variant)
+    shape = backend.shape(case, run.variant)
     request = Request(
         case.api, True, model, shape.prompt, shape.max_tokens, request_id=str(uuid.uuid4())
     )

@@ -79,18 +79,12 @@ class Loaded:
     whole_s: float | None
 
 
-def exercise_load(
-    deployment: Deployment,
-    case: Case,
-    settings: waits.Settings,
-    deadline: Deadline,
-    history: History,
-    variant: int = 0,
-) -> Verdict:
+def exercise_load(run: waits.CaseRun) -> Verdict:
     """Send the backend's `load_requests` at once (streams and unary requests in turn, each
     prompt its own), fault the worker holding the most of them once every one is placed, and
     judge each request, with the evidence every request gets, and the counters for all."""
-    loaded = send_load(deployment, case, deadline, history, variant)
+    deployment, case, settings, deadline, history = run.parts
+    loaded = send_load(deployment, case, deadline, history, run.variant)
     victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
     signalled_at = time.monotonic()
     fault = recovery.send_fault(

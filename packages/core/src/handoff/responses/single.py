@@ -24,6 +24,7 @@ from handoff.responses.waits import (
     CLIENT_GRACE_S,
     RESPONSE_FIXED_S,
     RESPONSE_SLOWER_BY,
+    CaseRun,
     FirstMigration,
     Settings,
     fault_wait,
@@ -66,18 +67,10 @@ class Sent:
     evidence: tuple[str, ...] = ()
 
 
-def exercise_one(
-    deployment: Deployment,
-    case: Case,
-    settings: Settings,
-    deadline: Deadline,
-    history: History,
-    variant: int = 0,
-) -> Verdict:
-    """Send the request, fault the worker that holds it in its window, and judge the outcome.
-    `variant` picks the prompt: a pool's cases each get their own, so none finds another's
-    prefix in a worker's cache."""
-    planned = plan(deployment, case, deadline, history, variant)
+def exercise_one(run: CaseRun) -> Verdict:
+    """Send the request, fault the worker that holds it in its window, and judge the outcome."""
+    deployment, case, settings, deadline, history = run.parts
+    planned = plan(deployment, case, deadline, history, run.variant)
     # Read now, so that only the case's own request counts, not the baseline's: the frontend
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)

@@ -66,6 +66,24 @@ class Settings:
     keep_logs: bool = False
 
 
+@dataclass(frozen=True)
+class CaseRun:
+    """One case as its exercise gets it: the live deployment, the case, its knobs, its deadline
+    and its history; `variant` (the cases its pool served before) picks the prompt, so none
+    finds another's prefix in a worker's cache."""
+
+    deployment: Deployment
+    case: Case
+    settings: Settings
+    deadline: Deadline
+    history: History
+    variant: int = 0
+
+    @property
+    def parts(self) -> tuple[Deployment, Case, Settings, Deadline, History]:
+        return self.deployment, self.case, self.settings, self.deadline, self.history
+
+
 def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before the request has moved,
     and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
