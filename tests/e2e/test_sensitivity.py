@@ -216,7 +216,8 @@ class CountedTransferMocker(MockerBackend):
     """Proves the transfer by a counter on the decode workers instead of by timing, as the GPU
     engines do. The mocker has no transfer counter, so `counter` stands in: the decode
     workers' request counter rises when the prefilled request reaches them, and a counter
-    nobody exports never rises."""
+    nobody exports never rises. Like every backend proven so, its cases send requests before
+    their own (here a paced backend's warm-ups), whose transfers time the counter's lag."""
 
     def __init__(self, counter: str) -> None:
         super().__init__()
@@ -225,22 +226,78 @@ class CountedTransferMocker(MockerBackend):
     def kv_transfer_floor_s(self, case):
         return None
 
+    def output_seconds(self, case):
+        return 4.0  # the whole kv_transfer request at the pace its warm-ups measure
+
+    def worker(self, role, case, model, ports, folder):
+        """Prefix caching off, as on the GPU engines: a warm-up leaves no prefix behind."""
+        launch = super().worker(role, case, model, ports, folder)
+        return replace(launch, argv=[*launch.argv, "--no-enable-prefix-caching"])
+
 
 @pytest.mark.parametrize(
     ("counter", "passes"),
     [("dynamo_component_requests_total", True), ("handoff_no_such_transfers_total", False)],
 )
 def test_the_transfer_counter_proof_passes_only_when_the_counter_rises(tmp_path, counter, passes):
+    """A counter nobody exports never counts the warm-ups' transfers either: their count is
+    awaited until the case's deadline, and the case fails before its request."""
     case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
-    result = run_case(CountedTransferMocker(counter), case, tmp_path, SETTINGS, timeout_s=60)
+    timeout_s = 60 if passes else 25
+    result = run_case(CountedTransferMocker(counter), case, tmp_path, SETTINGS, timeout_s)
     assert result.verdict.passed is passes, result.verdict.reasons
     checked = [e for e in result.history.events if e.name == "kv_transfer_checked"]
     if passes:
         assert checked and checked[0].data["transfers"] >= 1
+        settling = next(e for e in result.history.events if e.name == "kv_transfer_settled")
+        assert settling.data["earlier_requests"] == 3  # one warm-up for each worker
     else:
-        assert f"no KV transfer counted before the fault: timed out waiting for {counter}" in (
-            " ".join(result.verdict.reasons)
-        )
+        assert result.verdict.reasons == [
+            f"the KV transfer is unproven: timed out waiting for {counter} to count the "
+            f"transfers of the case's 3 earlier requests and then hold; last seen: {counter} "
+            f"= 0 on the decode workers, 3 awaited"
+        ]
+    assert_ports_free(result)
+
+
+class LongRequestMocker(CountedTransferMocker):
+    """The counter proof for a request of 600 tokens (in a 2,048-token context): it outlasts
+    the wait for its own transfer's count, four times the lag the warm-ups measured."""
+
+    def shape(self, case, variant=0):
+        return replace(super().shape(case, variant), max_tokens=600)
+
+    def output_seconds(self, case):
+        return 60.0  # more than 600 tokens take: the shape's stand
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        argv = list(launch.argv)
+        argv[argv.index("--max-model-len") + 1] = "2048"
+        return replace(launch, argv=argv)
+
+
+def test_a_counter_that_counts_only_the_earlier_requests_transfers_fails_the_case(tmp_path):
+    """The decode workers' count of requests they completed stands in for a transfer counter
+    that counts the warm-ups' transfers, each a second after it was made, and never the
+    case's own: its request is still running at the fault. The settled count holds every
+    warm-up's; the case's request raises nothing past it, and the case fails for that."""
+    counter = "dynamo_component_request_duration_seconds_count"
+    case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
+    result = run_case(LongRequestMocker(counter), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    events = result.history.events
+    settling = next(e for e in events if e.name == "kv_transfer_settled").data
+    warmups = [e.at for e in events if e.name == "warmup_sent"]
+    assert settling["earlier_requests"] == len(warmups) == 3
+    assert settling["transfers"] == 3  # the warm-ups', counted as each completed
+    assert settling["lag_s"] > 0.42  # the last warm-up's whole response, transfer included
+    (said,) = result.verdict.reasons  # and nothing else of the case failed
+    assert said.startswith(
+        f"no KV transfer counted before the fault: timed out waiting for {counter} to rise; "
+        f"last seen: {counter} = 3 on the decode workers"
+    )
+    assert "kv_transfer_checked" not in {e.name for e in events}
     assert_ports_free(result)
 
 

@@ -12,7 +12,7 @@ import pytest
 from handoff import faults, metrics
 from handoff.backend import INFLIGHT, Worker
 from handoff.polling import Deadline, Timeout
-from handoff.runner import decode_transfers
+from handoff.responses.transfers import decode_transfers
 from handoff_mocker import MockerBackend
 
 COUNTER = "handoff_test_transfers_total"

@@ -28,6 +28,7 @@ from handoff.policies import (
 from handoff.polling import Deadline, Timeout, interruptible, poll_until
 from handoff.pool import Pools
 from handoff.responses import abandon, load, recovery
+from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,
     CLIENT_GRACE_S,
@@ -45,17 +46,8 @@ from handoff.responses.waits import (
     sized_for_queues,
     undisturbed,
 )
-from handoff.verdict import (
-    Verdict,
-    against_known_defect,
-    judge,
-    transfer_problems,
-)
+from handoff.verdict import Verdict, against_known_defect, judge
 
-#: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
-#: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
-#: bound only costs time when the counter never rises.
-TRANSFER_COUNT_WAIT_S = 5.0
 #: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
 CHOICES = 2
 #: How often the frontend's /metrics is read, as a sign of life, while the response runs.
@@ -245,6 +237,7 @@ def exercise(
     prefix in a worker's cache."""
     backend, where = deployment.backend, topology(case.topology)
     assert deployment.model is not None
+    transfer = TransferProof(deployment, case, history, deadline)  # before any request
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
     shape = backend.shape(case, variant)
     if where.request == "guided":
@@ -277,9 +270,7 @@ def exercise(
     tokens_before = metrics.frontend_output_tokens(metrics_url, model)
     counts_before = metrics.MigrationCounts.parse(metrics.scrape(metrics_url), model)
     prompts_before = metrics.sample_sum(metrics.scrape(metrics_url), metrics.INPUT_TOKENS)
-    transfers_before = metrics.once_answered(
-        lambda: decode_transfers(deployment), deadline, "every decode worker's transfer count"
-    )
+    transfer.settle()
     sent_at = time.monotonic()
     inflight = InFlight(
         deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
@@ -296,12 +287,7 @@ def exercise(
     targets = [w for w in deployment.workers if w.role == where.target_role]
     holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
-    counted_early = (
-        where.proves_kv_transfer
-        and backend.kv_transfer_floor_s(case) is None
-        and transfer_counted_early(deployment, transfers_before, history)
-    )
-    evidence: list[str] = []
+    transfer.count_early()
     if stream:
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
@@ -319,8 +305,7 @@ def exercise(
     )
     history.record("in_flight_proven", how=proof)
     seen, proven_at = tokens_seen(), time.monotonic()
-    if where.proves_kv_transfer and not counted_early:
-        evidence = transfer_evidence(deployment, case, metrics_url, transfers_before, history)
+    evidence = transfer.evidence()
     fault = recovery.send_fault(
         case.fault, holder, inflight, settings, deadline, deployment.pool.nats, history
     )
@@ -485,17 +470,6 @@ def migration_evidence(
     return continuity.Migration(int(prompt), fault_at, taken)
 
 
-def decode_transfers(deployment: Deployment) -> float:
-    """The decode workers' count of completed KV transfers (0 without a counter). Raises
-    `metrics.Unanswered` while any does not answer: a total without one worker's history, read
-    before the request, would let the next full reading "prove" a transfer."""
-    counter = deployment.backend.kv_transfer_counter
-    if counter is None:
-        return 0.0
-    ports = {w.name: w.ports["system"] for w in deployment.workers if w.role == "decode"}
-    return sum(metrics.worker_sums(ports, counter).values())
-
-
 def await_response(
     inflight: InFlight,
     metrics_url: str,
@@ -532,53 +506,3 @@ def record_start_up(deployment: Deployment, history: History) -> None:
             )
     for when, listed in deployment.listings:
         history.record_at("frontend_listed", when, **listed)
-
-
-def transfer_counted_early(deployment: Deployment, before: float, history: History) -> bool:
-    """One read of the decode workers' transfer counter once one holds the request (its KV came
-    first). The counter lives on the worker about to be faulted, and a busy vLLM CPU worker's
-    /metrics took 2.7 s to answer: read here, the fault can follow the in-flight proof at once.
-    If the counter lags, or a worker does not answer, `transfer_evidence` waits for it after the
-    proof, as before."""
-    counter = deployment.backend.kv_transfer_counter
-    if counter is None:
-        return False
-    try:
-        total = decode_transfers(deployment)
-    except metrics.Unanswered:
-        return False
-    if total <= before:
-        return False
-    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
-    return True
-
-
-def transfer_evidence(
-    deployment: Deployment, case: Case, metrics_url: str, before: float, history: History
-) -> list[str]:
-    """kv_transfer cases, before the fault: the first token came after the known transfer
-    time, or the decode workers' transfer counter rose past its value at the request."""
-    backend, model = deployment.backend, deployment.model
-    floor = backend.kv_transfer_floor_s(case)
-    if floor is not None:
-        assert model is not None
-        ttft = metrics.frontend_mean_ttft(metrics_url, model.name)
-        history.record("kv_transfer_checked", ttft_s=ttft, transfer_floor_s=round(floor, 4))
-        return transfer_problems(ttft, floor)
-    counter = backend.kv_transfer_counter
-    if counter is None:
-        return [f"backend {backend.name!r} gives no KV transfer time or counter: unproven"]
-
-    def counted() -> tuple[float | None, str]:
-        try:
-            total = decode_transfers(deployment)
-        except metrics.Unanswered as exc:
-            return None, str(exc)
-        return (total if total > before else None), f"{counter} = {total:g} on the decode workers"
-
-    try:
-        total = poll_until(counted, Deadline(TRANSFER_COUNT_WAIT_S), f"{counter} to rise")
-    except Timeout as exc:
-        return [f"no KV transfer counted before the fault: {exc}"]
-    history.record("kv_transfer_checked", counter=counter, transfers=total - before)
-    return []
