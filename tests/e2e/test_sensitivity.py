@@ -16,10 +16,12 @@ from misbehaving import WrongHolder
 
 from handoff import faults, runner
 from handoff.cases import Case
+from handoff.machine import firewall
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, Policy
 from handoff.polling import Deadline, poll_until
 from handoff.pool import PoolKey, Pools
+from handoff.responses.recovery import received_ids
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -564,4 +566,74 @@ def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its
     waited = events["teardown_done"].at - events["fault_sent"].at
     assert bound <= waited < bound + 15  # the bound, then the teardown of the stopped workers
     assert result.seconds < 90 - 15
+    assert_ports_free(result)
+
+
+class FailsOnceResumed(MockerBackend):
+    """The stalled holder, once resumed, takes requests and fails them: as soon as its log
+    shows it received one after the case's own, its connections are cut (the partition's
+    nftables rules), its status port left open, so that its own counters still say it took
+    the request; the frontend's stream timeout ends that request's silence. It decodes slowly
+    (0.12 s a token), so that it is cut before it can finish the short request it took; 60
+    tokens keep the case's own response short."""
+
+    defaults: ClassVar[dict[str, object]] = {
+        **MockerBackend.defaults,
+        "max_tokens": {"aggregate": 60},
+    }
+
+    def __init__(self):
+        super().__init__(speedup_ratio=0.05)
+        self.watching = None
+        self.cut_on = self.cut = None  # the id of the request it was cut off on, and the cut
+
+    def holders(self, workers):
+        held = super().holders(workers)
+        if held and self.watching is None:  # it has received the case's request
+            seen = received_ids(held[0])
+            self.watching = threading.Thread(target=self.cut_on_next, args=(held[0], seen))
+            self.watching.start()
+        return held
+
+    def cut_on_next(self, holder, seen):
+        def taken():
+            new = received_ids(holder) - seen
+            return (next(iter(new)) if new else None), "nothing new"
+
+        with contextlib.suppress(Exception):  # none taken: the test says so
+            self.cut_on = poll_until(taken, Deadline(60), f"{holder.name} to take another")
+            self.cut = firewall.Cut(faults.partition_flows(holder))
+
+
+@pytest.mark.parametrize(
+    ("case_id", "failed"),
+    [
+        (
+            "migration_enabled-worker_stall-chat-stream-nats",
+            "it completed, but the frontend counted 1 migration(s) of it: {holder} did not "
+            "serve it to the end",
+        ),
+        (
+            "migration_disabled-worker_stall-completion-unary-tcp",
+            "expected a complete response, got HTTP 504",
+        ),
+    ],
+)
+def test_a_resumed_worker_that_fails_the_request_it_takes_fails_the_case(tmp_path, case_id, failed):
+    """Taking requests again is not serving them: the request the resumed worker took must
+    complete at full length, served by it. With migration on, the frontend moves the failed
+    request to the other worker, where it completes, and counts that move; with migration
+    off, it ends with the stream timeout's 504."""
+    backend = FailsOnceResumed()
+    result = run_case(backend, Case.from_id(case_id), tmp_path, SETTINGS, timeout_s=90)
+    backend.watching.join()
+    assert backend.cut is not None and backend.cut.table not in firewall.tables()  # torn down
+    assert not result.verdict.passed
+    events = {e.name: e.data for e in result.history.events}
+    holder = events["fault_sent"]["worker"]
+    rejoined = events["worker_rejoined"]
+    assert rejoined["worker"] == holder and rejoined["request_id"] == backend.cut_on
+    (reason,) = result.verdict.reasons  # and nothing else of the case failed
+    said = f"{holder}, healed after its fault, took a request and failed it: "
+    assert reason.startswith(said + failed.format(holder=holder)), reason
     assert_ports_free(result)

@@ -394,7 +394,7 @@ def exercise(
         recovery.await_unlisted(deployment, holder, faulted_at, history)
     if case.fault in SILENT:
         resume()  # if the frontend never counted the move
-        evidence += recovery.rejoin_problems(deployment, holder, request, history)
+        evidence += recovery.rejoin_problems(deployment, holder, request, history, shape)
     if case.fault == PAST_LEASE:
         recovery.retire(holder, deadline)
     if case.fault in BROKER:
