@@ -637,3 +637,20 @@ def test_a_resumed_worker_that_fails_the_request_it_takes_fails_the_case(tmp_pat
     said = f"{holder}, healed after its fault, took a request and failed it: "
     assert reason.startswith(said + failed.format(holder=holder)), reason
     assert_ports_free(result)
+
+
+def test_a_resumed_worker_whose_text_departs_from_the_baseline_fails_the_case(tmp_path):
+    """The request the resumed worker took is compared, as a case's own, with what the same
+    request gave undisturbed: a backend that claims determinism, which the mocker's random
+    tokens are not, fails it there too (and the case's own migrated text, as ever)."""
+    case = Case.from_id("migration_enabled-worker_stall-chat-stream-nats")
+    result = run_case(DeclaredDeterministic(), case, tmp_path, SETTINGS, timeout_s=90)
+    assert not result.verdict.passed
+    events = {e.name: e.data for e in result.history.events}
+    holder = events["fault_sent"]["worker"]
+    said = f"{holder}, healed after its fault, took a request and failed it: the migrated text "
+    rejoin = [r for r in result.verdict.reasons if r.startswith(said)]
+    assert rejoin and "departs from the undisturbed baseline at token " in rejoin[0], rejoin
+    baselines = [e for e in result.history.events if e.name == "baseline_finished"]
+    assert len(baselines) == 2  # the case's request's, then the short request's
+    assert_ports_free(result)
