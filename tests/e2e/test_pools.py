@@ -296,7 +296,11 @@ def test_a_wall_clock_step_is_named_and_its_pool_serves_no_later_case(pools, tmp
     leases a real step may have ended, is gone before the next case."""
     backend = MockerBackend()
     watched = pools.pool_for(backend, FIRST, backend.roles(FIRST.topology))
-    ahead = SimpleNamespace(time=lambda: time.time() + 24.1, monotonic=time.monotonic)
+    ahead = SimpleNamespace(
+        time_ns=lambda: time.time_ns() + 24_100_000_000,
+        monotonic_ns=time.monotonic_ns,
+        get_clock_info=time.get_clock_info,
+    )
     monkeypatch.setattr(wallclock, "time", ahead)
 
     stepped = run_case(backend, FIRST, tmp_path / "stepped", SETTINGS, 60, pools=pools)

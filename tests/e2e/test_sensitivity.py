@@ -16,10 +16,12 @@ from misbehaving import WrongHolder
 
 from handoff import faults, runner
 from handoff.cases import Case
+from handoff.machine import firewall
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, Policy
 from handoff.polling import Deadline, poll_until
 from handoff.pool import PoolKey, Pools
+from handoff.responses.recovery import received_ids
 from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
@@ -216,7 +218,8 @@ class CountedTransferMocker(MockerBackend):
     """Proves the transfer by a counter on the decode workers instead of by timing, as the GPU
     engines do. The mocker has no transfer counter, so `counter` stands in: the decode
     workers' request counter rises when the prefilled request reaches them, and a counter
-    nobody exports never rises."""
+    nobody exports never rises. Like every backend proven so, its cases send requests before
+    their own (here a paced backend's warm-ups), whose transfers time the counter's lag."""
 
     def __init__(self, counter: str) -> None:
         super().__init__()
@@ -225,22 +228,78 @@ class CountedTransferMocker(MockerBackend):
     def kv_transfer_floor_s(self, case):
         return None
 
+    def output_seconds(self, case):
+        return 4.0  # the whole kv_transfer request at the pace its warm-ups measure
+
+    def worker(self, role, case, model, ports, folder):
+        """Prefix caching off, as on the GPU engines: a warm-up leaves no prefix behind."""
+        launch = super().worker(role, case, model, ports, folder)
+        return replace(launch, argv=[*launch.argv, "--no-enable-prefix-caching"])
+
 
 @pytest.mark.parametrize(
     ("counter", "passes"),
     [("dynamo_component_requests_total", True), ("handoff_no_such_transfers_total", False)],
 )
 def test_the_transfer_counter_proof_passes_only_when_the_counter_rises(tmp_path, counter, passes):
+    """A counter nobody exports never counts the warm-ups' transfers either: their count is
+    awaited until the case's deadline, and the case fails before its request."""
     case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
-    result = run_case(CountedTransferMocker(counter), case, tmp_path, SETTINGS, timeout_s=60)
+    timeout_s = 60 if passes else 25
+    result = run_case(CountedTransferMocker(counter), case, tmp_path, SETTINGS, timeout_s)
     assert result.verdict.passed is passes, result.verdict.reasons
     checked = [e for e in result.history.events if e.name == "kv_transfer_checked"]
     if passes:
         assert checked and checked[0].data["transfers"] >= 1
+        settling = next(e for e in result.history.events if e.name == "kv_transfer_settled")
+        assert settling.data["earlier_requests"] == 3  # one warm-up for each worker
     else:
-        assert f"no KV transfer counted before the fault: timed out waiting for {counter}" in (
-            " ".join(result.verdict.reasons)
-        )
+        assert result.verdict.reasons == [
+            f"the KV transfer is unproven: timed out waiting for {counter} to count the "
+            f"transfers of the case's 3 earlier requests and then hold; last seen: {counter} "
+            f"= 0 on the decode workers, 3 awaited"
+        ]
+    assert_ports_free(result)
+
+
+class LongRequestMocker(CountedTransferMocker):
+    """The counter proof for a request of 600 tokens (in a 2,048-token context): it outlasts
+    the wait for its own transfer's count, four times the lag the warm-ups measured."""
+
+    def shape(self, case, variant=0):
+        return replace(super().shape(case, variant), max_tokens=600)
+
+    def output_seconds(self, case):
+        return 60.0  # more than 600 tokens take: the shape's stand
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        argv = list(launch.argv)
+        argv[argv.index("--max-model-len") + 1] = "2048"
+        return replace(launch, argv=argv)
+
+
+def test_a_counter_that_counts_only_the_earlier_requests_transfers_fails_the_case(tmp_path):
+    """The decode workers' count of requests they completed stands in for a transfer counter
+    that counts the warm-ups' transfers, each a second after it was made, and never the
+    case's own: its request is still running at the fault. The settled count holds every
+    warm-up's; the case's request raises nothing past it, and the case fails for that."""
+    counter = "dynamo_component_request_duration_seconds_count"
+    case = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
+    result = run_case(LongRequestMocker(counter), case, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.passed
+    events = result.history.events
+    settling = next(e for e in events if e.name == "kv_transfer_settled").data
+    warmups = [e.at for e in events if e.name == "warmup_sent"]
+    assert settling["earlier_requests"] == len(warmups) == 3
+    assert settling["transfers"] == 3  # the warm-ups', counted as each completed
+    assert settling["lag_s"] > 0.42  # the last warm-up's whole response, transfer included
+    (said,) = result.verdict.reasons  # and nothing else of the case failed
+    assert said.startswith(
+        f"no KV transfer counted before the fault: timed out waiting for {counter} to rise; "
+        f"last seen: {counter} = 3 on the decode workers"
+    )
+    assert "kv_transfer_checked" not in {e.name for e in events}
     assert_ports_free(result)
 
 
@@ -507,4 +566,91 @@ def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its
     waited = events["teardown_done"].at - events["fault_sent"].at
     assert bound <= waited < bound + 15  # the bound, then the teardown of the stopped workers
     assert result.seconds < 90 - 15
+    assert_ports_free(result)
+
+
+class FailsOnceResumed(MockerBackend):
+    """The stalled holder, once resumed, takes requests and fails them: as soon as its log
+    shows it received one after the case's own, its connections are cut (the partition's
+    nftables rules), its status port left open, so that its own counters still say it took
+    the request; the frontend's stream timeout ends that request's silence. It decodes slowly
+    (0.12 s a token), so that it is cut before it can finish the short request it took; 60
+    tokens keep the case's own response short."""
+
+    defaults: ClassVar[dict[str, object]] = {
+        **MockerBackend.defaults,
+        "max_tokens": {"aggregate": 60},
+    }
+
+    def __init__(self):
+        super().__init__(speedup_ratio=0.05)
+        self.watching = None
+        self.cut_on = self.cut = None  # the id of the request it was cut off on, and the cut
+
+    def holders(self, workers):
+        held = super().holders(workers)
+        if held and self.watching is None:  # it has received the case's request
+            seen = received_ids(held[0])
+            self.watching = threading.Thread(target=self.cut_on_next, args=(held[0], seen))
+            self.watching.start()
+        return held
+
+    def cut_on_next(self, holder, seen):
+        def taken():
+            new = received_ids(holder) - seen
+            return (next(iter(new)) if new else None), "nothing new"
+
+        with contextlib.suppress(Exception):  # none taken: the test says so
+            self.cut_on = poll_until(taken, Deadline(60), f"{holder.name} to take another")
+            self.cut = firewall.Cut(faults.partition_flows(holder))
+
+
+@pytest.mark.parametrize(
+    ("case_id", "failed"),
+    [
+        (
+            "migration_enabled-worker_stall-chat-stream-nats",
+            "it completed, but the frontend counted 1 migration(s) of it: {holder} did not "
+            "serve it to the end",
+        ),
+        (
+            "migration_disabled-worker_stall-completion-unary-tcp",
+            "expected a complete response, got HTTP 504",
+        ),
+    ],
+)
+def test_a_resumed_worker_that_fails_the_request_it_takes_fails_the_case(tmp_path, case_id, failed):
+    """Taking requests again is not serving them: the request the resumed worker took must
+    complete at full length, served by it. With migration on, the frontend moves the failed
+    request to the other worker, where it completes, and counts that move; with migration
+    off, it ends with the stream timeout's 504."""
+    backend = FailsOnceResumed()
+    result = run_case(backend, Case.from_id(case_id), tmp_path, SETTINGS, timeout_s=90)
+    backend.watching.join()
+    assert backend.cut is not None and backend.cut.table not in firewall.tables()  # torn down
+    assert not result.verdict.passed
+    events = {e.name: e.data for e in result.history.events}
+    holder = events["fault_sent"]["worker"]
+    rejoined = events["worker_rejoined"]
+    assert rejoined["worker"] == holder and rejoined["request_id"] == backend.cut_on
+    (reason,) = result.verdict.reasons  # and nothing else of the case failed
+    said = f"{holder}, healed after its fault, took a request and failed it: "
+    assert reason.startswith(said + failed.format(holder=holder)), reason
+    assert_ports_free(result)
+
+
+def test_a_resumed_worker_whose_text_departs_from_the_baseline_fails_the_case(tmp_path):
+    """The request the resumed worker took is compared, as a case's own, with what the same
+    request gave undisturbed: a backend that claims determinism, which the mocker's random
+    tokens are not, fails it there too (and the case's own migrated text, as ever)."""
+    case = Case.from_id("migration_enabled-worker_stall-chat-stream-nats")
+    result = run_case(DeclaredDeterministic(), case, tmp_path, SETTINGS, timeout_s=90)
+    assert not result.verdict.passed
+    events = {e.name: e.data for e in result.history.events}
+    holder = events["fault_sent"]["worker"]
+    said = f"{holder}, healed after its fault, took a request and failed it: the migrated text "
+    rejoin = [r for r in result.verdict.reasons if r.startswith(said)]
+    assert rejoin and "departs from the undisturbed baseline at token " in rejoin[0], rejoin
+    baselines = [e for e in result.history.events if e.name == "baseline_finished"]
+    assert len(baselines) == 2  # the case's request's, then the short request's
     assert_ports_free(result)

@@ -14,7 +14,7 @@ from handoff import faults, metrics
 from handoff.backend import INFLIGHT, VLLM_RUNNING, Worker
 from handoff.polling import Deadline, Timeout
 from handoff.responses import abandon
-from handoff.responses.transfer import decode_transfers
+from handoff.responses.transfers import decode_transfers
 from handoff_mocker import MockerBackend
 
 COUNTER = "handoff_test_transfers_total"

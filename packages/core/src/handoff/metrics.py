@@ -109,11 +109,12 @@ def frontend_output_tokens(url: str, model: str) -> int:
     return int(sample_sum(scrape(url), OUTPUT_TOKENS, {"model": model}))
 
 
-def frontend_mean_ttft(url: str, model: str) -> float | None:
-    """Mean time to first token the frontend has observed, None before any first token."""
+def frontend_ttft(url: str, model: str) -> tuple[float, float]:
+    """The frontend's time to first token for `model`: the seconds summed over the first
+    tokens it has recorded, and how many. Two readings' difference is the requests' between."""
     text = scrape(url)
-    count = sample_sum(text, TTFT + "_count", {"model": model})
-    return sample_sum(text, TTFT + "_sum", {"model": model}) / count if count else None
+    labels = {"model": model}
+    return sample_sum(text, TTFT + "_sum", labels), sample_sum(text, TTFT + "_count", labels)
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,6 @@ from handoff.verdict import (
     Verdict,
 )
 
-#: The first token follows the transfer; its counter may lag the token. On two CPU cores shared
-#: with vLLM's spinning NIXL threads it lagged by more than 1 s once (benchmarks/RESULTS.md); the
-#: bound only costs time when the counter never rises.
-TRANSFER_COUNT_WAIT_S = 5.0
 #: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
 CHOICES = 2
 #: How often the frontend's /metrics is read, as a sign of life, while the response runs.

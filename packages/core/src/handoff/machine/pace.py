@@ -45,15 +45,19 @@ class Pace:
         return tokens / self.slowest
 
 
-def measure_pace(base_url: str, request: Request, workers: int, deadline: Deadline) -> Pace:
+def measure_pace(
+    base_url: str, request: Request, workers: int, deadline: Deadline, history: History
+) -> Pace:
     """Stream `request` cut to WARMUP_TOKENS once for each of the deployment's `workers`, so
     that the router's round robin gives every worker a request before the case's (a worker's
     first request pays for its start: a slow first token, a KV transfer's handshake), and time
-    each decode from its first content frame to its last."""
+    each decode from its first content frame to its last. Each sending is in the history
+    (`warmup_sent`): a KV transfer counter times its lag by them (`responses.transfers`)."""
     warmup = replace(request, stream=True, max_tokens=WARMUP_TOKENS)
     rates = []
     for _ in range(workers):
         response = Response()
+        history.record("warmup_sent")
         client.send(base_url, warmup, response, read_timeout_s=deadline.remaining())
         frames = [chunk.at for chunk in response.chunks if chunk.text]
         if response.status != 200 or response.error or response.exception or len(frames) < 2:
@@ -76,7 +80,7 @@ def paced(
 ) -> tuple[Pace, Shape]:
     """The pace measured with warm-ups of `request` (`measure_pace`), and `shape` sized to
     `seconds` of output at it (`sized_to`); both recorded."""
-    pace = measure_pace(base_url, request, workers, deadline)
+    pace = measure_pace(base_url, request, workers, deadline, history)
     shape = sized_to(pace, seconds, shape)
     history.record(
         "paced",

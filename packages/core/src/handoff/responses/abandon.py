@@ -114,7 +114,7 @@ def exercise_abandon(run: CaseRun) -> Verdict:
             heal()
         problems += stop_problems(deployment, request, before, deadline, history)
         if heal is not None:  # and the worker, running again, must be routed to again
-            problems += recovery.rejoin_problems(deployment, holder, request, history)
+            problems += recovery.rejoin_problems(deployment, holder, request, history, shape)
     finally:
         if heal is not None:
             heal()

@@ -77,6 +77,8 @@ class Loaded:
     targets: list[Worker]
     pace: Pace | None
     whole_s: float | None
+    #: The first request's shape: the probes of the deployment are made of that request.
+    first_shape: Shape
 
 
 def exercise_load(run: waits.CaseRun) -> Verdict:
@@ -116,7 +118,8 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
         waits.record_response(h.inflight, history, request=h.n)
     verdict = judge_load(deployment, case, loaded, victim, cut, deadline, history)
     verdict.reasons += recovery.aftermath(
-        deployment, case, victim, heal, loaded.held[0].request, outlives_lease, signalled_at,
+        deployment, case, victim, heal, loaded.held[0].request, loaded.first_shape,
+        outlives_lease, signalled_at,
         deadline, history,
     )  # fmt: skip
     served = received(loaded.targets, {str(h.request.request_id) for h in loaded.held})
@@ -161,7 +164,7 @@ def send_load(
     )
     targets = [w for w in deployment.workers if w.role == where.target_role]
     whole_s = None if pace else backend.nominal_response_s(case, shapes[0])
-    return Loaded(held, before, sent_at, targets, pace, whole_s)
+    return Loaded(held, before, sent_at, targets, pace, whole_s, shapes[0])
 
 
 def hold_load(

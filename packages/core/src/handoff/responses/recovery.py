@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
 import requests
 
-from handoff import client, faults, metrics
-from handoff.backend import Worker
+from handoff import client, continuity, faults, metrics
+from handoff.backend import Shape, Worker
 from handoff.cases import BROKER, SILENT, STALLS, Case
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
@@ -23,8 +24,12 @@ from handoff.machine.processes import ManagedProcess
 from handoff.machine.worker_logs import receipts
 from handoff.policies import SERVICE_UNAVAILABLE
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses.waits import BROKER_REQUEST_TIMEOUT_S, Settings
-from handoff.verdict import carries
+from handoff.responses.waits import (
+    BROKER_REQUEST_TIMEOUT_S,
+    Settings,
+    reference_text,
+)
+from handoff.verdict import carries, completion_problems
 
 #: How long a resumed worker may take to serve a request again: the frontend avoids a worker
 #: that failed for about 5 s (docs/known-issues.md).
@@ -39,7 +44,7 @@ DISCOVERY_LEASE_S = 10.0
 #: whether or not the successor has streamed: three quarters of the lease, so that its
 #: keep-alive runs in time.
 RESUME_BY_S = 0.75 * DISCOVERY_LEASE_S
-#: What the resumed worker is asked, one short request at a time, until it serves one.
+#: What the resumed worker is asked, one short request at a time, until it takes one.
 REJOIN_TOKENS = 4
 #: How long that refusal may take: every attempt the migration limit allows, each a timeout,
 #: BROKER_REFUSAL_SLOWER_BY times slower, and BROKER_REFUSAL_FIXED_S.
@@ -198,11 +203,11 @@ def recovery_problems(
     healed_at = time.monotonic()
     history.record("broker_healed", how="SIGCONT" if fault == "broker_stall" else "restarted")
 
-    def completed(response: Response) -> tuple[bool | None, str]:
+    def completed(probe: Request, response: Response) -> tuple[bool | None, str]:
         return (True if response.status == 200 and response.error is None else None), ""
 
     try:
-        sent = short_requests_until(
+        _, sent = short_requests_until(
             deployment, request, completed, RECOVERY_BOUND_S, PROBE_READ_S,
             "a new request to complete",
         )  # fmt: skip
@@ -218,35 +223,90 @@ def recovery_problems(
 
 
 def rejoin_problems(
-    deployment: Deployment, holder: Worker, request: Request, history: History
+    deployment: Deployment,
+    holder: Worker,
+    request: Request,
+    history: History,
+    shape: Shape,
 ) -> list[str]:
     """A resumed or healed worker must serve again: short requests go out one at a time until
-    its own request count rises, within REJOIN_BOUND_S; none served names it unroutable."""
-    port = {holder.name: holder.ports["system"]}
+    its log names one as received, within REJOIN_BOUND_S (none taken names it unroutable), and
+    the one it took must pass the verdict as a case's own would (`served_problems`). `shape`
+    (the case's) gives the backend's reference for it."""
+    started = time.monotonic()
+    expected = probe_reference(deployment, short(request), shape, history)
+    url, model = deployment.base_url + "/metrics", deployment.model.name
+    counts = [metrics.MigrationCounts.read(url, model)]
 
-    def served() -> float:
-        return metrics.worker_sums(port, metrics.REQUESTS, {"dynamo_endpoint": "generate"})[
-            holder.name
-        ]
-
-    before = metrics.once_answered(served, Deadline(REJOIN_BOUND_S), f"{holder.name}'s requests")
-
-    def counted(response: Response) -> tuple[float | None, str]:
-        try:
-            now = served()
-        except metrics.Unanswered as exc:
-            return None, str(exc)
-        return (now if now > before else None), ""
+    def taken(probe: Request, response: Response) -> tuple[tuple | None, str]:
+        """The probe, its response and the moves counted while it ran, once the holder took it."""
+        counts.append(metrics.MigrationCounts.read(url, model))
+        if probe.request_id not in received_ids(holder):
+            return None, ""
+        return (probe, response, counts[-1].since(counts[-2]).moves), ""
 
     try:
-        sent = short_requests_until(
-            deployment, request, counted, REJOIN_BOUND_S, REJOIN_BOUND_S,
-            f"{holder.name} to serve a request again",
+        (probe, response, moves), sent = short_requests_until(
+            deployment, request, taken, REJOIN_BOUND_S, REJOIN_BOUND_S,
+            f"{holder.name} to take a request again",
         )  # fmt: skip
     except Timeout as exc:
         return [unrejoined(deployment, holder, exc)]
-    history.record("worker_rejoined", worker=holder.name, requests=len(sent))
-    return []
+    problems = served_problems(deployment, holder, response, moves, expected)
+    history.record(
+        "worker_rejoined", worker=holder.name, requests=len(sent), request_id=probe.request_id,
+        response=response.summary(), moves=moves, problems=problems,
+        seconds=round(time.monotonic() - started, 3),
+    )  # fmt: skip
+    return problems
+
+
+def received_ids(worker: Worker) -> set[str]:
+    """The request ids the worker's log names as received."""
+    return {request_id for _, request_id in receipts(worker.process.log_path)}
+
+
+def probe_reference(
+    deployment: Deployment, probe: Request, shape: Shape, history: History
+) -> tuple[str | None, str]:
+    """What a probe must give, and what that is called (`waits.reference_text`): the backend's
+    reference for the case's `shape` cut to the probe's length, else a deterministic backend's
+    undisturbed baseline of the probe, else nothing."""
+    cut = replace(shape, max_tokens=probe.max_tokens)
+    return reference_text(deployment, probe.api, cut, probe, Deadline(REJOIN_BOUND_S), history)
+
+
+def served_problems(
+    deployment: Deployment,
+    holder: Worker,
+    response: Response,
+    moves: int,
+    expected: tuple[str | None, str],
+) -> list[str]:
+    """The request the healed worker took, judged as a case's own: complete, at its full
+    length, with no error frame (`verdict.completion_problems`), its text the reference's where
+    there is one (`continuity.check`), and served by the worker alone: a request it failed
+    that the frontend moved elsewhere completes too, but the frontend counts the move."""
+    backend = deployment.backend
+    problems = completion_problems(response, REJOIN_TOKENS)
+    if not problems:
+        text, compared_with = expected
+        problems = continuity.check(
+            response,
+            REJOIN_TOKENS,
+            backend.output_tokens,
+            baseline=text,
+            why_no_baseline=backend.nondeterministic_because,
+            compared_with=compared_with,
+            one_token_per_frame=backend.one_token_per_frame,
+        ).problems
+    if moves and not problems:
+        problems.append(
+            f"it completed, but the frontend counted {moves} migration(s) of it: "
+            f"{holder.name} did not serve it to the end"
+        )
+    said = f"{holder.name}, healed after its fault, took a request and failed it: "
+    return [said + problem for problem in problems]
 
 
 def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
@@ -271,7 +331,7 @@ def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
 
 def short(request: Request) -> Request:
     """The case's request as a probe of whether the deployment serves: unary, REJOIN_TOKENS
-    long, and with no request id of its own: a load case's request's id would have workers'
+    long, and without the case's request id: a load case's request's id would have workers'
     logs name the probes as that request."""
     return replace(request, stream=False, max_tokens=REJOIN_TOKENS, request_id=None)
 
@@ -279,26 +339,26 @@ def short(request: Request) -> Request:
 def short_requests_until(
     deployment: Deployment,
     request: Request,
-    answered: Callable[[Response], tuple[object | None, str]],
+    answered: Callable[[Request, Response], tuple[object | None, str]],
     bound_s: float,
     read_s: float,
     awaited: str,
-) -> list[Response]:
-    """Send `request`, unary and REJOIN_TOKENS long, one at a time until `answered` (given
-    each response) returns a result, within `bound_s`; every response sent. Timeout past it,
-    naming the last response and what `answered` saw."""
-    probe_request = short(request)
+) -> tuple[object, list[Response]]:
+    """Send `request`, unary and REJOIN_TOKENS long, each time with a request id of its own
+    (workers' logs name it), one at a time until `answered` (given each probe and its
+    response) returns a result, within `bound_s`; that result, and every response sent.
+    Timeout past it, naming the last response and what `answered` saw."""
     sent: list[Response] = []
 
     def probe() -> tuple[object | None, str]:
+        probe_request = replace(short(request), request_id=str(uuid.uuid4()))
         sent.append(Response())
         client.send(deployment.base_url, probe_request, sent[-1], read_timeout_s=read_s)
-        result, seen = answered(sent[-1])
+        result, seen = answered(probe_request, sent[-1])
         detail = f"; {seen}" if seen else ""
         return result, f"{len(sent)} request(s), {sent[-1].summary()}{detail}"
 
-    poll_until(probe, Deadline(bound_s), awaited)
-    return sent
+    return poll_until(probe, Deadline(bound_s), awaited), sent
 
 
 def await_unlisted(
@@ -347,6 +407,7 @@ def aftermath(
     victim: Worker,
     heal: Heal,
     request: Request,
+    shape: Shape,
     outlives_lease: bool,
     stopped_at: float,
     deadline: Deadline,
@@ -356,13 +417,13 @@ def aftermath(
     broker's refusal and recovery, every gauge at 0. A stall that outlived the worker's lease,
     proven by the frontend dropping it, leaves it unroutable on Dynamo 1.6.1 (the known defect
     of `stall_past_lease`); the worker is then retired so that its pool replaces it. `request`
-    is what the probes of the deployment are made of (`short`)."""
+    (of `shape`) is what the probes of the deployment are made of (`short`)."""
     problems: list[str] = []
     if outlives_lease:
         await_unlisted(deployment, victim, stopped_at, history)
     if case.fault in SILENT:
         heal()
-        problems += rejoin_problems(deployment, victim, request, history)
+        problems += rejoin_problems(deployment, victim, request, history, shape)
     if outlives_lease:
         retire(victim, deadline)
     if case.fault in BROKER:

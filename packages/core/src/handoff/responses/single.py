@@ -18,7 +18,8 @@ from handoff.history import History
 from handoff.machine.pace import Pace, paced, response_bound_s
 from handoff.policies import KNOWN_DEFECTS, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import evidence, recovery, transfer
+from handoff.responses import evidence, recovery
+from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,
     CLIENT_GRACE_S,
@@ -70,11 +71,12 @@ class Sent:
 def exercise_one(run: CaseRun) -> Verdict:
     """Send the request, fault the worker that holds it in its window, and judge the outcome."""
     deployment, case, settings, deadline, history = run.parts
+    transfer = TransferProof(deployment, case, history, deadline)  # before any request
     planned = plan(deployment, case, deadline, history, run.variant)
     # Read now, so that only the case's own request counts, not the baseline's: the frontend
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
-    sent = send_and_prove(deployment, case, planned, before, settings, deadline, history)
+    sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
     fault = recovery.send_fault(
         case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
     )
@@ -97,7 +99,8 @@ def exercise_one(run: CaseRun) -> Verdict:
     record_response(sent.inflight, history)
     found = judged(deployment, case, planned, sent, before, fault, deadline, history)
     found.reasons += recovery.aftermath(
-        deployment, case, sent.holder, heal, planned.request, case.fault == PAST_LEASE,
+        deployment, case, sent.holder, heal, planned.request, planned.shape,
+        case.fault == PAST_LEASE,
         faulted_at, deadline, history,
     )  # fmt: skip
     found.passed = not found.reasons
@@ -140,6 +143,7 @@ def send_and_prove(
     case: Case,
     planned: Planned,
     before: metrics.FrontendReading,
+    transfer: TransferProof,
     settings: Settings,
     deadline: Deadline,
     history: History,
@@ -148,9 +152,7 @@ def send_and_prove(
     fault window (a stream by its chunks, a unary request by the tokens the frontend has
     received); a kv_transfer case proves its own transfer before the fault."""
     backend, where, request = deployment.backend, topology(case.topology), planned.request
-    transfers_before = metrics.once_answered(
-        lambda: transfer.decode_transfers(deployment), deadline, "every decode worker's transfers"
-    )
+    transfer.settle()
     inflight = InFlight(
         deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
     )
@@ -162,12 +164,7 @@ def send_and_prove(
     targets = [w for w in deployment.workers if w.role == where.target_role]
     holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
-    proves_transfer = where.proves_kv_transfer
-    counted_early = (
-        proves_transfer
-        and backend.kv_transfer_floor_s(case) is None
-        and transfer.transfer_counted_early(deployment, transfers_before, history)
-    )
+    transfer.count_early()
     metrics_url = deployment.base_url + "/metrics"
     if request.stream:
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
@@ -181,9 +178,7 @@ def send_and_prove(
     )  # fmt: skip
     history.record("in_flight_proven", how=proof)
     sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
-    if proves_transfer and not counted_early:
-        found = transfer.transfer_evidence(deployment, case, metrics_url, transfers_before, history)
-        sent.evidence = tuple(found)
+    sent.evidence = tuple(transfer.evidence())
     return sent
 
 
