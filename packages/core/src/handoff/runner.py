@@ -46,6 +46,7 @@ from handoff.responses.waits import (
     undisturbed,
 )
 from handoff.verdict import (
+    FAILED,
     Verdict,
     against_known_defect,
     judge,
@@ -146,19 +147,26 @@ def run_case(
         if interrupted:
             history.write(folder / "history.json")
     if problems:
-        verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
+        verdict = Verdict(
+            False, verdict.reasons + problems, verdict.phase, unproven=verdict.unproven
+        )
     owner = deployment.pool if deployment else pool
     step = owner.clock.stepped() if owner else None
     if step is not None:
         verdict = clock_stepped(verdict, step, history)
-    spoilt = step is not None or not (verdict.passed or verdict.upstream_defect)
+    spoilt = step is not None or verdict.outcome == FAILED
     if pools and pool and spoilt:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
-        # A known upstream defect is not theirs: its pool goes on, as after a pass. A pool
+        # A known upstream defect is not theirs: its pool goes on, as after a pass, and so
+        # does a case not proven (nothing went wrong), whose logs are kept all the same. A pool
         # whose wall clock stepped may have lost its leases: it goes too.
         discarded = pools.discard(pool, keep_in=folder)
         history.record("pool_discarded", pool=pool.name, problems=discarded)
-    history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
+    elif pools and pool and verdict.unproven:
+        pools.copy_logs(pool, into=folder)
+    history.record(
+        "verdict", passed=verdict.passed, reasons=verdict.reasons, unproven=verdict.unproven
+    )
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
@@ -166,13 +174,15 @@ def run_case(
 
 
 def clock_stepped(verdict: Verdict, step_s: float, history: History) -> Verdict:
-    """A case whose deployment saw the wall clock step: a pass keeps the step as a note (its
-    evidence held); a failure, a known upstream defect's too, leads with it and stays failed."""
+    """A case whose deployment saw the wall clock step: a pass, or a case not proven, keeps
+    the step as a note (the evidence it made held); a failure, a known upstream defect's too,
+    leads with it and stays failed."""
     history.record("wall_clock_stepped", seconds=step_s)
-    if verdict.passed:
+    if not verdict.reasons:
         verdict.notes.append(step_reason(step_s))
         return verdict
-    return Verdict(False, [step_reason(step_s), *verdict.reasons], verdict.phase, verdict.notes)
+    reasons = [step_reason(step_s), *verdict.reasons]
+    return Verdict(False, reasons, verdict.phase, verdict.notes, unproven=verdict.unproven)
 
 
 def teardown(deployment: Deployment | None, history: History) -> list[str]:
