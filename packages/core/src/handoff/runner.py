@@ -11,7 +11,7 @@ from pathlib import Path
 import requests
 
 from handoff import continuity, faults, metrics
-from handoff.backend import Backend, Worker
+from handoff.backend import Backend, Shape, Worker
 from handoff.cases import ABANDONS, BROKER, PAST_LEASE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
@@ -393,8 +393,9 @@ def exercise(
     )
     history.record("metrics_read", counts=counts.as_dict())
     response = inflight.response
-    notes = []
+    notes, unproven = [], []
     if expected.completes and response.status == 200 and response.error is None:
+        prompt_tokens = prompt_read - prompts_before
         kept = continuity.check(
             response,
             shape.max_tokens,
@@ -404,11 +405,17 @@ def exercise(
             compared_with=compared_with,
             one_token_per_frame=backend.one_token_per_frame,
             migration=migration_evidence(
-                targets, holder, response, prompt_read - prompts_before, history
+                backend, targets, holder, response, prompt_tokens, counts.moves > 0, shape, history
             ),
+            ids=backend.output_token_ids,
         )
-        history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
-        evidence, notes = evidence + kept.problems, kept.notes
+        history.record(
+            "continuity_checked",
+            problems=kept.problems,
+            notes=kept.notes,
+            unproven=kept.unproven,
+        )
+        evidence, notes, unproven = evidence + kept.problems, kept.notes, kept.unproven
     if shape.guide is not None and not backend.decodes_guides:
         notes.append(f"{backend.name} does not decode guided output: its text is not checked")
     elif shape.guide is not None and response.status == 200 and response.error is None:
@@ -433,6 +440,7 @@ def exercise(
         shape.max_tokens,
         backend.migration_counts,
         evidence,
+        unproven,
     )
     verdict.notes = notes
     return against_known_defect(verdict, KNOWN_DEFECTS.get(case.fault))
@@ -473,26 +481,34 @@ def guided_problems(request: Request, text: str, expected_text: str | None) -> l
 
 
 def migration_evidence(
+    backend: Backend,
     targets: list[Worker],
     holder: Worker,
     response: Response,
     prompt: float,
+    moved: bool,
+    shape: Shape,
     history: History,
 ) -> continuity.Migration:
     """What the re-issued context is judged with beside the stream: the prompt's length as the
     frontend tokenized it (`prompt`: what its count rose by with the case's one request), when
-    the fault was sent, and which other worker of the faulted role logged receiving it."""
+    the fault was sent, which other worker of the faulted role logged receiving it, whether the
+    frontend counted a move, and what that worker's engine holds after `shape`'s prompt."""
     fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
-    logs = {w.name: w.process.log_path for w in targets if w is not holder}
+    others = {w.name: w for w in targets if w is not holder}
+    logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
     taken = continuity.takeover(logs, str(response_id)) if response_id else None
+    received = backend.received_context(others[taken.worker], shape.prompt) if taken else None
     history.record(
         "takeover_seen",
         prompt_tokens=int(prompt),
         worker=taken.worker if taken else None,
         received_at=round(taken.received_at - history.started, 4) if taken else None,
+        moved=moved,
+        received_tokens=None if received is None else len(received),
     )
-    return continuity.Migration(int(prompt), fault_at, taken)
+    return continuity.Migration(int(prompt), fault_at, taken, moved, received)
 
 
 def decode_transfers(deployment: Deployment) -> float:

@@ -11,7 +11,6 @@ from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import ApiError, KnownDefect, Outcome
 
-
 #: The four outcomes of a case (docs/architecture.md, "Verdict outcomes").
 PASSED, FAILED, KNOWN_DEFECT, NOT_PROVEN = "passed", "failed", "known upstream defect", "not proven"
 
