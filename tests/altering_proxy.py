@@ -16,6 +16,8 @@ then on is the new worker's.
 
 `AlteringProxy` is the test's side: it starts the process (`python altering_proxy.py UPSTREAM
 MODE`, on 127.0.0.1) and talks to it one JSON line per command on its stdin and stdout.
+`through_proxy` sends a case's request through one and makes the case's fault from a still
+stream, for a test's fixture or for a plugin of a whole qualification run.
 """
 
 from __future__ import annotations
@@ -29,14 +31,24 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 import requests
 
+from handoff import client, faults, runner
 from handoff.client import Chunk
+from handoff.polling import poll_until
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
-#: migration; None forwards the stream as it came.
-MODES = ("replay", "lost_and_repeated", None)
+#: migration; `burst` alters no token but holds the new worker's first frame back and sends it
+#: with its second, back to back, as to a client that fell behind; None forwards the stream as
+#: it came.
+MODES = ("replay", "lost_and_repeated", "burst", None)
+#: The modes that alter a token of the faulted worker's (`alter` waits for it).
+ALTERS = ("replay", "lost_and_repeated")
+#: How long the stopped holder's stream must have been still before the kill: longer than the
+#: stalls of a frontend and a client on a loaded machine.
+STILL_S = 0.3
 #: How long the armed proxy waits for a content frame to alter.
 ALTER_TIMEOUT_S = 5.0
 #: How long the test waits for the proxy to answer a command, or to exit once told.
@@ -123,6 +135,7 @@ class Alterations:
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
         self.next_content_at = 0.0  # the earliest the next content frame may go out
+        self.held: bytes | None = None  # `burst`: the new worker's first frame, held back
 
     def sends(self, event: bytes, max_tokens: int | None) -> list[tuple[float, bytes]]:
         """What goes to the client for `event` from the frontend, each with when (monotonic)
@@ -135,6 +148,8 @@ class Alterations:
             self.last_content_at = now
             sends = self.altered_content(event, max_tokens)
             self.forwarded += len(sends)
+            if self.mode == "burst" and len(sends) == 2:  # back to back, at once
+                return [(now, data) for data in sends]
             timed = []
             for data in sends:
                 at = now if self.after_migration is None else max(now, self.next_content_at)
@@ -156,6 +171,12 @@ class Alterations:
             if self.mode == "lost_and_repeated" and self.after_migration == 3:
                 self.altered.append(("repeated", 3))
                 return [event, event]
+            if self.mode == "burst" and self.after_migration == 1:
+                self.held = event
+                return []
+            if self.mode == "burst" and self.after_migration == 2 and self.held is not None:
+                self.altered.append(("sent_together", 2))
+                return [self.held, event]
         if self.mode == "replay" and self.altered and self.received == max_tokens:
             self.altered.append(("dropped_final", 1))
             return []
@@ -163,7 +184,7 @@ class Alterations:
 
     def command(self, name: str) -> dict:
         if name == "alter":
-            if self.mode is not None:
+            if self.mode in ALTERS:
                 with self.lock:
                     self.armed = True
                 if not self.done.wait(ALTER_TIMEOUT_S):
@@ -238,6 +259,40 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) ->
         if buffer:
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(buffer), buffer))
         handler.wfile.write(b"0\r\n\r\n")
+
+
+def through_proxy(patch: pytest.MonkeyPatch, mode: str | None) -> list[AlteringProxy]:
+    """Send each case's request through an AlteringProxy in `mode`, and make the case's fault
+    from a still stream: the proxy alters the next frame while the holder still runs, the
+    holder is then stopped (SIGSTOP), and the fault goes out once the client has read every
+    frame there was and the frontend has sent none for `STILL_S`. The proxies started, for the
+    caller to close."""
+    proxies: list[AlteringProxy] = []
+    inject = faults.inject
+
+    def sent_through(base_url, request, read_timeout_s):
+        proxies.append(AlteringProxy(base_url, mode))
+        return client.InFlight(proxies[-1].url, request, read_timeout_s)
+
+    def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
+        proxy = proxies[-1]
+        proxy.alter()
+        holder.process.freeze(deadline)
+
+        def still() -> tuple[bool | None, str]:
+            status = proxy.status()
+            read, forwarded = inflight.response.content_chunks, status["forwarded"]
+            quiet = time.monotonic() - status["last_content_at"]
+            seen = f"the client read {read} of {forwarded} content frames, {quiet:.3f} s quiet"
+            return (True if read == forwarded and quiet >= STILL_S else None), seen
+
+        poll_until(still, deadline, "the stopped holder's stream to be still")
+        proxy.migrating()
+        return inject(fault, holder, inflight, graceful_bound_s, deadline, broker)
+
+    patch.setattr(runner, "InFlight", sent_through)
+    patch.setattr(faults, "inject", from_a_still_stream)
+    return proxies
 
 
 def frame(event: bytes) -> Chunk | None:

@@ -1,0 +1,26 @@
+"""A pytest plugin for a qualification run (`-p unproven_run`, with this folder on
+PYTHONPATH) whose cases are made not proven for real: each request goes through the altering
+proxy in its `burst` mode (the new worker's first two frames reach the client back to back, as
+a client that fell behind reads them) and the mocker's record of the context its workers
+received is left unread, so where the new worker's tokens begin is really ambiguous."""
+
+from __future__ import annotations
+
+import pytest
+from altering_proxy import AlteringProxy, through_proxy
+
+from handoff_mocker import MockerBackend
+
+PATCH = pytest.MonkeyPatch()
+STARTED: list[AlteringProxy] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    STARTED[:] = through_proxy(PATCH, "burst")
+    PATCH.setattr(MockerBackend, "received_context", lambda self, worker, prompt: None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for proxy in STARTED:
+        proxy.close()
+    PATCH.undo()
