@@ -55,8 +55,8 @@ TokenIds = Callable[[str], list[int] | None]
 #: How far after the first frame the client read once the new worker had the request the
 #: migration's pause may end: past the faulted worker's last frames still on their way, and
 #: the new worker's prefill. It only picks where to look: a pause that ends later is among the
-#: other gaps `STANDS_OUT` compares it with, so a window too short leaves the boundary
-#: ambiguous, never wrongly certain.
+#: other gaps `STANDS_OUT` compares it with, so a window that misses it leaves the boundary
+#: ambiguous.
 TAKEOVER_WINDOW_S = 0.1
 #: How many times every other gap of the same stream the pause must be to be the migration's
 #: for certain. What a stall of the client, the frontend or an engine looks like is measured by

@@ -81,13 +81,13 @@ ONE_REQUEST = {
     "broker_loss": Timing(32, 200),
     "drain_expired": Timing(32, 900),
 }
-#: The decode topology's prefill workers take 0.5 s to transfer the KV of its 32-token prompt
+#: The decode topology's prefill workers take 0.25 s to transfer the KV of its 32-token prompt
 #: (more for a re-issued context that carries tokens too). A decode worker keeps no record of
 #: the context it received, so where its tokens begin in a migrated stream is told by the pause
 #: before them (continuity.boundary): the transfer of the re-issued request makes that pause
 #: stand out from every stall of the client's reading, where the re-prefill alone (about 40 ms)
 #: would not on a loaded machine.
-DECODE_TRANSFER_GBPS = 32 * KV_BYTES_PER_TOKEN / 0.5 / GB
+DECODE_TRANSFER_GBPS = 32 * KV_BYTES_PER_TOKEN / 0.25 / GB
 TIMINGS = {
     **{
         ("aggregate", fault): ONE_REQUEST[fault]
