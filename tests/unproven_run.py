@@ -12,15 +12,16 @@ from altering_proxy import AlteringProxy, through_proxy
 from handoff_mocker import MockerBackend
 
 PATCH = pytest.MonkeyPatch()
-STARTED: list[AlteringProxy] = []
+#: The proxies `through_proxy` starts, one per case, as it starts them: closed at the end.
+STARTED: list[list[AlteringProxy]] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    STARTED[:] = through_proxy(PATCH, "burst")
+    STARTED.append(through_proxy(PATCH, "burst"))
     PATCH.setattr(MockerBackend, "received_context", lambda self, worker, prompt: None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for proxy in STARTED:
+    for proxy in (p for started in STARTED for p in started):
         proxy.close()
     PATCH.undo()
