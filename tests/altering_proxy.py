@@ -40,12 +40,10 @@ from handoff.polling import poll_until
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
-#: migration; `burst` alters no token but holds the new worker's first frame back and sends it
-#: with its second, back to back, as to a client that fell behind; None forwards the stream as
-#: it came.
+#: migration; `burst` loses no token but holds the armed frame back and sends it after the
+#: migration together with the new worker's first, back to back, as a client that fell behind
+#: reads them; None forwards the stream as it came.
 MODES = ("replay", "lost_and_repeated", "burst", None)
-#: The modes that alter a token of the faulted worker's (`alter` waits for it).
-ALTERS = ("replay", "lost_and_repeated")
 #: How long the stopped holder's stream must have been still before the kill: longer than the
 #: stalls of a frontend and a client on a loaded machine.
 STILL_S = 0.3
@@ -135,7 +133,7 @@ class Alterations:
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
         self.next_content_at = 0.0  # the earliest the next content frame may go out
-        self.held: bytes | None = None  # `burst`: the new worker's first frame, held back
+        self.held: bytes | None = None  # `burst`: the faulted worker's frame, held back
 
     def sends(self, event: bytes, max_tokens: int | None) -> list[tuple[float, bytes]]:
         """What goes to the client for `event` from the frontend, each with when (monotonic)
@@ -161,6 +159,10 @@ class Alterations:
         if self.armed:
             self.armed = False
             self.done.set()
+            if self.mode == "burst":
+                self.held = event
+                self.altered.append(("held", 1))
+                return []
             if self.mode == "replay":
                 self.altered.append(("replayed", 1))
                 return [event, event]
@@ -171,10 +173,7 @@ class Alterations:
             if self.mode == "lost_and_repeated" and self.after_migration == 3:
                 self.altered.append(("repeated", 3))
                 return [event, event]
-            if self.mode == "burst" and self.after_migration == 1:
-                self.held = event
-                return []
-            if self.mode == "burst" and self.after_migration == 2 and self.held is not None:
+            if self.mode == "burst" and self.after_migration == 1 and self.held is not None:
                 self.altered.append(("sent_together", 2))
                 return [self.held, event]
         if self.mode == "replay" and self.altered and self.received == max_tokens:
@@ -184,7 +183,7 @@ class Alterations:
 
     def command(self, name: str) -> dict:
         if name == "alter":
-            if self.mode in ALTERS:
+            if self.mode is not None:
                 with self.lock:
                     self.armed = True
                 if not self.done.wait(ALTER_TIMEOUT_S):

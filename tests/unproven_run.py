@@ -1,8 +1,9 @@
 """A pytest plugin for a qualification run (`-p unproven_run`, with this folder on
 PYTHONPATH) whose cases are made not proven for real: each request goes through the altering
-proxy in its `burst` mode (the new worker's first two frames reach the client back to back, as
-a client that fell behind reads them) and the mocker's record of the context its workers
-received is left unread, so where the new worker's tokens begin is really ambiguous."""
+proxy in its `burst` mode (the faulted worker's last frame reaches the client after the new
+worker received the request, back to back with the new worker's first, as a client that fell
+behind reads them) and the mocker's record of the context its workers received is left unread,
+so where the new worker's tokens begin is really ambiguous."""
 
 from __future__ import annotations
 

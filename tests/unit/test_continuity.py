@@ -163,12 +163,46 @@ def slower(response: Response, factor: float) -> Response:
     return response
 
 
+#: The new worker received the request 1 ms before the client read the faulted worker's last
+#: frame (late on its way): causality alone no longer says that frame was the faulted worker's.
+LATE = -0.001
+
+
+def test_every_token_of_the_context_read_before_the_takeover_is_certain_by_causality():
+    """The client had read all 8 tokens the context carried before the new worker received
+    the request: none can be the new worker's, so none was lost, whatever the pause."""
+    response = recorded()
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    assert result.problems == result.unproven == []
+    assert result.notes[0] == (
+        "the re-issued context is the prompt plus exactly the 8 tokens the client read before "
+        "worker-1 received the re-issued request (causality)"
+    )
+
+
+def test_a_first_token_floor_extends_what_causality_proves():
+    """Every request of the case waits for a simulated KV transfer: no token of the new worker
+    can come sooner than that after the fault, though it received the request before the
+    client read the faulted worker's last frame."""
+    response = recorded()
+    floor = response.chunks[content()[7]].at + 0.001 - RECORDED["fault_at"]
+    taken = replace(migration(response, LATE), first_token_floor_s=floor)
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=taken)
+    assert result.problems == result.unproven == []
+    assert result.notes[0].startswith(
+        "the re-issued context is the prompt plus exactly the 8 tokens the client read before "
+        "worker-1 could send its first token (the re-issued request's KV transfer takes at "
+        "least 0.0"
+    )
+    assert result.notes[0].endswith("s after the fault) (causality)")
+
+
 def test_a_pause_that_does_not_stand_out_from_the_streams_stalls_leaves_the_check_unproven():
     """The recorded mocker migration paused 27.5 ms, under twice the 13.8 ms stall the same
     stream shows later: where the new worker's tokens begin is ambiguous, and whether a token
     was lost there is not proven (never a pass), with what causality proves still checked."""
     response = recorded()
-    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response, LATE))
     assert result.problems == []
     (unmade,) = result.unproven
     assert unmade.startswith("whether a token was lost at the migration: where worker-1's")
@@ -176,12 +210,12 @@ def test_a_pause_that_does_not_stand_out_from_the_streams_stalls_leaves_the_chec
         "the 27.5 ms pause before frame 9 is not 2x the longest other gap of the client's "
         "reading (13.8 ms, before frame 107)"
     ) in unmade
-    assert "checked only that the context holds the 8 tokens the client read" in unmade
+    assert "checked only that the context holds the 7 tokens the client read before" in unmade
 
 
 def test_the_recorded_context_is_the_prompt_plus_the_tokens_before_the_pause():
     response = later(recorded(), 8, 0.010)  # a 37.5 ms pause: 2.7x the longest other gap
-    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response, LATE))
     assert result.problems == result.unproven == []
     assert result.notes[0].startswith(
         "the re-issued context is the prompt plus exactly the 8 tokens the client read before "
@@ -193,14 +227,14 @@ def test_the_pause_is_judged_by_the_stalls_of_its_own_run_on_a_slower_machine():
     """Every gap three times longer: the same stream is as certain (no fixed floor that a
     slower machine's pauses would pass or miss)."""
     response = slower(later(recorded(), 8, 0.010), 3.0)
-    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response, LATE))
     assert result.problems == result.unproven == []
     assert "the 112.5 ms pause before frame 9" in result.notes[0]
 
 
 def test_a_stall_elsewhere_half_as_long_as_the_pause_makes_it_ambiguous():
     response = later(later(recorded(), 8, 0.010), 150, 0.015)  # a 20.5 ms stall at frame 151
-    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response))
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response, LATE))
     assert result.problems == []
     assert (
         "(20.5 ms, before frame 151): a stall this run shows could pass for it"
@@ -318,13 +352,19 @@ def test_a_token_replaced_before_the_migration_fails_by_the_record():
     ]
 
 
+def late_takeover(response: Response) -> Takeover:
+    return migration(response, LATE).takeover
+
+
 def test_a_record_shorter_than_the_context_leaves_it_to_timing():
     response = recorded()
     result = check(
         response,
         RECORDED["max_tokens"],
         COUNT,
-        migration=with_record(response, client_ids(response)[:5]),
+        migration=replace(
+            with_record(response, client_ids(response)[:5]), takeover=late_takeover(response)
+        ),
         ids=IDS,
     )
     assert "pause before frame 9 is not 2x" in result.unproven[0]

@@ -15,13 +15,17 @@ What each backend allows:
 - the re-issued context, for every backend that counts tokens, on a stream: after a migration
   `usage.prompt_tokens` is the context the frontend re-issued (prompt plus the tokens it had
   generated). It must be the prompt plus exactly the tokens the client read before the new
-  worker's first one. Where the new worker's engine keeps a record of the context it received
-  (`Backend.received_context`: the mocker's KV blocks with their token ids), the client's first
-  tokens are compared with it token for token, which is certain. Else where the new worker's
-  tokens begin is the migration's pause in the client's reading (`boundary`): certain when
-  that pause ends after the new worker received the request, is `STANDS_OUT` times every other
-  gap of the same stream (the stalls this run shows, on this machine), and is not followed by
-  frames read back to back (a client that fell behind). Then a token replayed (the client has
+  worker's first one. Every token the client read before the new worker could send its first
+  (`could_start`: once it received the request, and not before the case's simulated KV
+  transfer after the fault) is the faulted worker's: more than the context carried fail as
+  replayed; as many, none was lost, which is certain by causality alone. Where the new
+  worker's engine keeps a record of the context it received (`Backend.received_context`: the
+  mocker's KV blocks with their token ids), the client's first tokens are compared with it
+  token for token, which is certain. Else where the new worker's tokens begin is the
+  migration's pause in the client's reading (`boundary`): certain when that pause ends after
+  the new worker received the request, is `STANDS_OUT` times every other gap of the same
+  stream (the stalls this run shows, on this machine), and is not followed by frames read
+  back to back (a client that fell behind). Then a token replayed (the client has
   it, the context does not) or lost (the context has it, the client does not) at the
   migration fails the case, even with the total still at `max_tokens`. Where neither is
   certain, causality is still checked (every token the client read before the new worker
@@ -44,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 from pathlib import Path
 
 from handoff.client import Response
@@ -52,12 +57,11 @@ TokenCounter = Callable[[str], int | None]
 #: The token ids of a piece of output text, where the backend can tell; None where it cannot.
 TokenIds = Callable[[str], list[int] | None]
 
-#: How far after the first frame the client read once the new worker had the request the
-#: migration's pause may end: past the faulted worker's last frames still on their way, and
-#: the new worker's prefill. It only picks where to look: a pause that ends later is among the
-#: other gaps `STANDS_OUT` compares it with, so a window that misses it leaves the boundary
-#: ambiguous.
-TAKEOVER_WINDOW_S = 0.1
+#: How many tokens past the re-issued context the new worker's first may sit for the boundary
+#: to be looked for there (a replay of up to this many, named as such). It only picks where
+#: to look: a pause further on is among the other gaps `STANDS_OUT` compares it with, so a
+#: boundary outside stays ambiguous (and the count still fails a replay of more).
+REPLAY_SPAN = 4
 #: How many times every other gap of the same stream the pause must be to be the migration's
 #: for certain. What a stall of the client, the frontend or an engine looks like is measured by
 #: the run itself: the longest gap it shows anywhere else in the client's reading (a slower or
@@ -92,14 +96,19 @@ class Takeover:
 class Migration:
     """What the deployment says about the request beside the stream: the prompt's length as the
     frontend tokenized it, when the fault was sent (monotonic), the takeover if any, whether the
-    frontend counted a move, and the new worker's own record of the tokens it holds after the
-    prompt (the re-issued context, then what it generated; None where its engine gives none)."""
+    frontend counted a move, the new worker's own record of the tokens it holds after the
+    prompt (the re-issued context, then what it generated; None where its engine gives none),
+    and the least time its first token takes after the fault, where known."""
 
     prompt_tokens: int
     fault_at: float
     takeover: Takeover | None
     moved: bool = True
     received: list[int] | None = None
+    #: The least time from the fault to the new worker's first token, where every request of
+    #: the case waits for it (a KV transfer the backend simulates): the re-issued request is
+    #: sent after the fault and waits for its own transfer.
+    first_token_floor_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -231,21 +240,25 @@ def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:
     return Takeover(name, at)
 
 
-def boundary(times: list[float], fault_at: float, taken: Takeover) -> Boundary:
-    """The migration's pause in the client's reading of content frames (monotonic `times`):
-    the longest gap that ends after the new worker received the request (its frames cannot
-    come sooner), within `TAKEOVER_WINDOW_S` of the first frame read after that. A first frame
-    read after the fault is measured from the fault. Certain only where the pause stands out
-    from every other gap of the stream (`STANDS_OUT`) and is not followed by a burst."""
+def boundary(
+    times: list[float], fault_at: float, taken: Takeover, read: list[int], most: int
+) -> Boundary:
+    """The migration's pause in the client's reading of content frames (monotonic `times`;
+    `read[i]` tokens read before frame i): the longest gap that ends after the new worker
+    received the request (its frames cannot come sooner), at a frame with at most `most`
+    tokens before it (the context's and `REPLAY_SPAN` more). A first frame read after the fault
+    is measured from the fault. Certain only where the pause stands out from every other gap
+    of the stream (`STANDS_OUT`) and is not followed by a burst."""
 
     def gap(i: int) -> float:
         return times[i] - (times[i - 1] if i else fault_at)
 
-    after = [i for i, t in enumerate(times) if t > max(taken.received_at, fault_at)]
+    start = max(taken.received_at, fault_at)
+    after = [i for i, t in enumerate(times) if t > start and read[i] <= most]
     if not after:
-        return Boundary(len(times), False, f"no frame read after {taken.worker} received it")
-    end = times[after[0]] + TAKEOVER_WINDOW_S
-    pause = max((i for i in after if times[i] <= end), key=gap)
+        why = f"no frame read after {taken.worker} received it, within {most} tokens"
+        return Boundary(len(times), False, why)
+    pause = max(after, key=gap)
     where = f"the {gap(pause) * 1000:.1f} ms pause before frame {pause + 1}"
     others = [i for i in range(1, len(times)) if i != pause]
     if not others:
@@ -296,26 +309,45 @@ def context_problems(
         return []
     context_is = f"the re-issued context carried {carried} (usage.prompt_tokens {context} "
     context_is += f"- prompt {prompt})"
-    early = sum(n for (t, _), n in zip(frames, counts, strict=True) if t < taken.received_at)
-    if early > carried:  # certain: the new worker had not received the request yet
+    start_at, start = could_start(taken, migration)
+    early = sum(n for (t, _), n in zip(frames, counts, strict=True) if t < start_at)
+    if early > carried:  # certain: the new worker could not have sent a token yet
         return [
-            f"the client had read {early} tokens before {taken.worker} received the re-issued "
-            f"request, but {context_is}: {early - carried} replayed at the migration"
+            f"the client had read {early} tokens before {start}, but {context_is}: "
+            f"{early - carried} replayed at the migration"
         ]
     if (record := held(response, migration, carried, ids)) is not None:
         return identity_problems(record, carried, max_tokens, sum(counts), taken, result)
-    edge = boundary([t for t, _ in frames], migration.fault_at, taken)
+    if early == carried:  # certain: the client had every token of the context by then
+        result.notes.append(
+            f"the re-issued context is the prompt plus exactly the {carried} tokens the client "
+            f"read before {start} (causality)"
+        )
+        return []
+    read = list(accumulate(counts, initial=0))[:-1]
+    edge = boundary([t for t, _ in frames], migration.fault_at, taken, read, carried + REPLAY_SPAN)
     if not edge.certain:
         result.unproven.append(
             f"whether a token was lost at the migration: where {taken.worker}'s tokens begin "
             f"is ambiguous ({edge.why}), and no record of its context says it; checked only "
-            f"that the context holds the {early} tokens the client read before "
-            f"{taken.worker} received the request"
+            f"that the context holds the {early} tokens the client read before {start}"
         )
         return []
     first = f"{taken.worker}'s first ({edge.why})"
     before = sum(counts[: edge.index])
     return compared(before, carried, max_tokens, sum(counts), first, context_is, result)
+
+
+def could_start(taken: Takeover, migration: Migration) -> tuple[float, str]:
+    """The earliest the new worker's first token can reach the client, and why: once it has
+    received the re-issued request, and not before the least time a first token takes after
+    the fault, where the backend knows one. Every token the client read sooner is one of the
+    faulted worker's: as many as the context carried, none was lost."""
+    floor = migration.first_token_floor_s
+    if floor is not None and migration.fault_at + floor > taken.received_at:
+        why = f"the re-issued request's KV transfer takes at least {floor:.2f} s after the fault"
+        return migration.fault_at + floor, f"{taken.worker} could send its first token ({why})"
+    return taken.received_at, f"{taken.worker} received the re-issued request"
 
 
 def compared(

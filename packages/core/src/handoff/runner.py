@@ -395,7 +395,6 @@ def exercise(
     response = inflight.response
     notes, unproven = [], []
     if expected.completes and response.status == 200 and response.error is None:
-        prompt_tokens = prompt_read - prompts_before
         kept = continuity.check(
             response,
             shape.max_tokens,
@@ -405,7 +404,14 @@ def exercise(
             compared_with=compared_with,
             one_token_per_frame=backend.one_token_per_frame,
             migration=migration_evidence(
-                backend, targets, holder, response, prompt_tokens, counts.moves > 0, shape, history
+                deployment,
+                case,
+                shape,
+                holder,
+                response,
+                prompt_read - prompts_before,
+                counts.moves > 0,
+                history,
             ),
             ids=backend.output_token_ids,
         )
@@ -481,21 +487,23 @@ def guided_problems(request: Request, text: str, expected_text: str | None) -> l
 
 
 def migration_evidence(
-    backend: Backend,
-    targets: list[Worker],
+    deployment: Deployment,
+    case: Case,
+    shape: Shape,
     holder: Worker,
     response: Response,
     prompt: float,
     moved: bool,
-    shape: Shape,
     history: History,
 ) -> continuity.Migration:
     """What the re-issued context is judged with beside the stream: the prompt's length as the
     frontend tokenized it (`prompt`: what its count rose by with the case's one request), when
     the fault was sent, which other worker of the faulted role logged receiving it, whether the
-    frontend counted a move, and what that worker's engine holds after `shape`'s prompt."""
+    frontend counted a move, what that worker's engine holds after `shape`'s prompt, and the
+    least time any first token of the case takes (its simulated KV transfer)."""
+    backend, role = deployment.backend, topology(case.topology).target_role
     fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
-    others = {w.name: w for w in targets if w is not holder}
+    others = {w.name: w for w in deployment.workers if w.role == role and w is not holder}
     logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
     taken = continuity.takeover(logs, str(response_id)) if response_id else None
@@ -508,7 +516,8 @@ def migration_evidence(
         moved=moved,
         received_tokens=None if received is None else len(received),
     )
-    return continuity.Migration(int(prompt), fault_at, taken, moved, received)
+    floor = backend.kv_transfer_floor_s(case)
+    return continuity.Migration(int(prompt), fault_at, taken, moved, received, floor)
 
 
 def decode_transfers(deployment: Deployment) -> float:
