@@ -86,7 +86,8 @@ def context_event(result):
     ("backend", "proof"),
     [
         (SlowMocker, "tokens the client read first, token for token (worker-"),
-        (NoRecordMocker, "pause before frame"),
+        # Every frame of the stopped holder was read before the new worker had the request.
+        (NoRecordMocker, "received the re-issued request (causality)"),
     ],
 )
 def test_the_unaltered_stream_through_the_proxy_passes_with_a_certain_boundary(
