@@ -21,6 +21,8 @@ never learns that the client left.
 
 `AlteringProxy` is the test's side: it starts the process (`python altering_proxy.py UPSTREAM
 MODE`, on 127.0.0.1) and talks to it one JSON line per command on its stdin and stdout.
+`through_proxy` sends a case's request through one and makes the case's fault from a still
+stream, for a test's fixture or for a plugin of a whole qualification run.
 """
 
 from __future__ import annotations
@@ -34,15 +36,24 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 import requests
 
+from handoff import client, faults
 from handoff.client import REQUEST_ID_HEADER, Chunk
+from handoff.polling import poll_until
+from handoff.responses import single
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
-#: migration; "unheard_close" forwards the stream as it came but never closes the frontend's
+#: migration; `burst` loses no token but holds the armed frame back and sends it after the
+#: migration together with the new worker's first, back to back, as a client that fell behind
+#: reads them; "unheard_close" forwards the stream as it came but never closes the frontend's
 #: stream when the client hangs up; None forwards the stream as it came.
-MODES = ("replay", "lost_and_repeated", "unheard_close", None)
+MODES = ("replay", "lost_and_repeated", "burst", "unheard_close", None)
+#: How long the stopped holder's stream must have been still before the kill: longer than the
+#: stalls of a frontend and a client on a loaded machine.
+STILL_S = 0.3
 #: How long the armed proxy waits for a content frame to alter.
 ALTER_TIMEOUT_S = 5.0
 #: How long the test waits for the proxy to answer a command, or to exit once told.
@@ -129,6 +140,7 @@ class Alterations:
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
         self.next_content_at = 0.0  # the earliest the next content frame may go out
+        self.held: bytes | None = None  # `burst`: the faulted worker's frame, held back
 
     def sends(self, event: bytes, max_tokens: int | None) -> list[tuple[float, bytes]]:
         """What goes to the client for `event` from the frontend, each with when (monotonic)
@@ -141,6 +153,8 @@ class Alterations:
             self.last_content_at = now
             sends = self.altered_content(event, max_tokens)
             self.forwarded += len(sends)
+            if self.mode == "burst" and len(sends) == 2:  # back to back, at once
+                return [(now, data) for data in sends]
             timed = []
             for data in sends:
                 at = now if self.after_migration is None else max(now, self.next_content_at)
@@ -152,6 +166,10 @@ class Alterations:
         if self.armed:
             self.armed = False
             self.done.set()
+            if self.mode == "burst":
+                self.held = event
+                self.altered.append(("held", 1))
+                return []
             if self.mode == "replay":
                 self.altered.append(("replayed", 1))
                 return [event, event]
@@ -162,6 +180,9 @@ class Alterations:
             if self.mode == "lost_and_repeated" and self.after_migration == 3:
                 self.altered.append(("repeated", 3))
                 return [event, event]
+            if self.mode == "burst" and self.after_migration == 1 and self.held is not None:
+                self.altered.append(("sent_together", 2))
+                return [self.held, event]
         if self.mode == "replay" and self.altered and self.received == max_tokens:
             self.altered.append(("dropped_final", 1))
             return []
@@ -264,6 +285,40 @@ def sent(handler: BaseHTTPRequestHandler, data: bytes, state: Alterations) -> bo
             raise
         return False
     return True
+
+
+def through_proxy(patch: pytest.MonkeyPatch, mode: str | None) -> list[AlteringProxy]:
+    """Send each case's request through an AlteringProxy in `mode`, and make the case's fault
+    from a still stream: the proxy alters the next frame while the holder still runs, the
+    holder is then stopped (SIGSTOP), and the fault goes out once the client has read every
+    frame there was and the frontend has sent none for `STILL_S`. The proxies started, for the
+    caller to close."""
+    proxies: list[AlteringProxy] = []
+    inject = faults.inject
+
+    def sent_through(base_url, request, read_timeout_s):
+        proxies.append(AlteringProxy(base_url, mode))
+        return client.InFlight(proxies[-1].url, request, read_timeout_s)
+
+    def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
+        proxy = proxies[-1]
+        proxy.alter()
+        holder.process.freeze(deadline)
+
+        def still() -> tuple[bool | None, str]:
+            status = proxy.status()
+            read, forwarded = inflight.response.content_chunks, status["forwarded"]
+            quiet = time.monotonic() - status["last_content_at"]
+            seen = f"the client read {read} of {forwarded} content frames, {quiet:.3f} s quiet"
+            return (True if read == forwarded and quiet >= STILL_S else None), seen
+
+        poll_until(still, deadline, "the stopped holder's stream to be still")
+        proxy.migrating()
+        return inject(fault, holder, inflight, graceful_bound_s, deadline, broker)
+
+    patch.setattr(single, "InFlight", sent_through)
+    patch.setattr(faults, "inject", from_a_still_stream)
+    return proxies
 
 
 def frame(event: bytes) -> Chunk | None:

@@ -198,12 +198,11 @@ def test_killing_the_wrong_decode_worker_fails_with_that_reason(tmp_path):
 class NoTransferMocker(MockerBackend):
     """Prefill workers that transfer the KV cache instantly: no transfer time is simulated."""
 
-    def worker(self, role, case, model, ports, folder):
-        launch = super().worker(role, case, model, ports, folder)
-        argv = list(launch.argv)
-        if "--kv-transfer-bandwidth" in argv:
-            argv[argv.index("--kv-transfer-bandwidth") + 1] = "0"
-        return type(launch)(argv, launch.env)
+    def engine(self, role, case):
+        settings = super().engine(role, case)
+        if "kv_transfer_bandwidth" in settings:
+            settings["kv_transfer_bandwidth"] = 0
+        return settings
 
 
 def test_a_kv_transfer_case_without_a_transfer_fails(tmp_path):

@@ -26,6 +26,7 @@ from handoff.responses.load import (
 from handoff.responses.recovery import REJOIN_TOKENS, short
 from handoff.responses.waits import QUEUE_WAIT_SLOWER_BY, Settings, sized_for_queues
 from handoff.runs.report import _cells
+from handoff.runs.results import CaseRecord
 from handoff_mocker import MockerBackend
 
 MAX_TOKENS = 900
@@ -137,15 +138,7 @@ def test_a_load_case_reports_the_p50_and_p99_pause_of_the_streams_the_fault_cut(
     assert phases["fault_to_next_token_ms"] == 300.0
     assert phases["fault_to_next_token_p99_ms"] == 2000.0
     assert phases["fault_to_end_s"] == 6.5  # to the last response's end, not the first's
-    case = SimpleNamespace(
-        key="load/x",
-        verdict="PASS",
-        seconds=9.0,
-        phases=phases,
-        counts={},
-        upstream_defect="",
-        reasons=[],
-    )
+    case = CaseRecord("load/x", True, "verdict", 9.0, phases=phases)
     assert _cells(case)[3] == "300/2000"
 
 

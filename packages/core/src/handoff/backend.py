@@ -283,6 +283,19 @@ class Backend(ABC):
         a tokenizer; None where it cannot (continuity then checks usage only)."""
         return None
 
+    def output_token_ids(self, text: str) -> list[int] | None:
+        """The token ids of `text` of the model's output, where the backend can tell without a
+        tokenizer; None where it cannot (the re-issued context is then judged by timing)."""
+        return None
+
+    def received_context(self, worker: Worker, prompt: str) -> list[int] | None:
+        """The token ids `worker`'s engine holds after `prompt` (the case's prompt text) for a
+        request it received, in order, as its own record says (a migrated request's re-issued
+        context, then what the worker generated); None where the engine keeps no such record,
+        or it cannot be read: the re-issued context is then judged by timing. Called once the
+        response has ended."""
+        return None
+
     def decoding_at_once(self, case: Case) -> int | None:
         """How many requests one worker of `case` decodes at once, where the engine is told
         (vLLM's and the mocker's `--max-num-seqs`): of the requests a worker holds, those it

@@ -15,15 +15,22 @@ What each backend allows:
 - the re-issued context, for every backend that counts tokens, on a stream: after a migration
   `usage.prompt_tokens` is the context the frontend re-issued (prompt plus the tokens it had
   generated). It must be the prompt plus exactly the tokens the client read before the new
-  worker's first one. Where the new worker's tokens begin is the migration's pause in the
-  client's reading (`boundary`): certain when that pause ends after the new worker received the
-  request, is longer than a loaded client's stall can pass for, stands out from every other gap
-  near it, and is not followed by frames read back to back (a client that fell behind). Then a
-  token replayed (the client has it, the context does not) or lost (the context has it, the
-  client does not) at the migration fails the case, even with the total still at `max_tokens`.
-  Where the pause is ambiguous, only what causality proves is checked: every token the client
-  read before the new worker received the request must be in the context (a replay still fails;
-  a loss cannot be told from a late read), and a note says so. A token lost or repeated away
+  worker's first one. Every token the client read before the new worker could send its first
+  (`could_start`: once it received the request, and not before the case's simulated KV
+  transfer after the fault) is the faulted worker's: more than the context carried fail as
+  replayed; as many, none was lost, which is certain by causality alone. Where the new
+  worker's engine keeps a record of the context it received (`Backend.received_context`: the
+  mocker's KV blocks with their token ids), the client's first tokens are compared with it
+  token for token, which is certain. Else where the new worker's tokens begin is the
+  migration's pause in the client's reading (`boundary`): certain when that pause ends after
+  the new worker received the request, is `STANDS_OUT` times every other gap of the same
+  stream (the stalls this run shows, on this machine), and is not followed by frames read
+  back to back (a client that fell behind). Then a token replayed (the client has
+  it, the context does not) or lost (the context has it, the client does not) at the
+  migration fails the case, even with the total still at `max_tokens`. Where neither is
+  certain, causality is still checked (every token the client read before the new worker
+  received the request must be in the context: a replay still fails), and the rest of the
+  check is not proven: a loss cannot be told from a late read. A token lost or repeated away
   from the migration, with the total unchanged, is invisible wherever token identity is random
   (the mocker): frames carry no index;
 - a backend with a reference (`Backend.reference`: vLLM's built-in model on the CPU) gets every
@@ -40,34 +47,37 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 from pathlib import Path
 
 from handoff.client import Response
 from handoff.machine.worker_logs import receipts
 
 TokenCounter = Callable[[str], int | None]
+#: The token ids of a piece of output text, where the backend can tell; None where it cannot.
+TokenIds = Callable[[str], list[int] | None]
 
-#: How far after the first frame the client read once the new worker had the request the
-#: migration's pause may end: past the faulted worker's last frames still on their way, and
-#: the new worker's prefill. A client's stall further on cannot be taken for the pause.
-TAKEOVER_WINDOW_S = 0.1
-#: How much longer than any gap after it in that window the pause must be to be the pause: the
-#: new worker's prefill against its own late decode steps.
-DISTINCT = 1.5
-#: Frames read closer together than this after the pause had queued up at a client that fell
-#: behind: a worker's tokens come a decode step apart.
-BURST_S = 0.001
-#: The least pause that can be the migration's for certain: a client, or the frontend, on a
-#: loaded machine stalls for tens of milliseconds at times, and a stall just after the new
-#: worker's first frames looks like the migration's pause (seen once in a loaded test run: a
-#: 33 ms stall two frames after the real boundary, which would have read as "2 replayed").
-MIN_PAUSE_S = 0.2
+#: How many tokens past the re-issued context the new worker's first may sit for the boundary
+#: to be looked for there (a replay of up to this many, named as such). It only picks where
+#: to look: a pause further on is among the other gaps `STANDS_OUT` compares it with, so a
+#: boundary outside stays ambiguous (and the count still fails a replay of more).
+REPLAY_SPAN = 4
+#: How many times every other gap of the same stream the pause must be to be the migration's
+#: for certain. What a stall of the client, the frontend or an engine looks like is measured by
+#: the run itself: the longest gap it shows anywhere else in the client's reading (a slower or
+#: busier machine stalls longer, and needs a longer pause), not a number tuned on one machine.
+STANDS_OUT = 2.0
+#: Frames read closer together than this fraction of the stream's median gap (the engine's
+#: step as the client saw it) had queued up at a client that fell behind.
+BURST_FRACTION = 0.1
 
 
 @dataclass
 class Continuity:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The checks this response exists for that could not be made, each with why.
+    unproven: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,11 +91,20 @@ class Takeover:
 @dataclass(frozen=True)
 class Migration:
     """What the deployment says about the request beside the stream: the prompt's length as the
-    frontend tokenized it, when the fault was sent (monotonic), and the takeover if any."""
+    frontend tokenized it, when the fault was sent (monotonic), the takeover if any, whether the
+    frontend counted a move, the new worker's own record of the tokens it holds after the
+    prompt (the re-issued context, then what it generated; None where its engine gives none),
+    and the least time its first token takes after the fault, where known."""
 
     prompt_tokens: int
     fault_at: float
     takeover: Takeover | None
+    moved: bool = True
+    received: list[int] | None = None
+    #: The least time from the fault to the new worker's first token, where every request of
+    #: the case waits for it (a KV transfer the backend simulates): the re-issued request is
+    #: sent after the fault and waits for its own transfer.
+    first_token_floor_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,14 +126,15 @@ def check(
     compared_with: str = "the undisturbed baseline",
     one_token_per_frame: bool = False,
     migration: Migration | None = None,
+    ids: TokenIds | None = None,
 ) -> Continuity:
     """Continuity of a completed `response` (status 200, no error frame); with `migration`,
-    its re-issued context too."""
+    its re-issued context too (`ids`: the token ids of output text, where the backend tells)."""
     result = Continuity()
     frames = response.chunks
-    ids = {c.data.get("id") for c in frames}
-    if len(ids) > 1:
-        result.problems.append(f"the response changed its id mid-stream: {sorted(map(str, ids))}")
+    named = {c.data.get("id") for c in frames}
+    if len(named) > 1:
+        result.problems.append(f"the response changed its id mid-stream: {sorted(map(str, named))}")
     finishes = [c.choice.get("finish_reason") for c in frames if c.choice.get("finish_reason")]
     if len(finishes) != 1:
         result.problems.append(f"{len(finishes)} finish reasons in the response, expected 1")
@@ -122,7 +142,7 @@ def check(
         response, max_tokens, count, result.notes, one_token_per_frame
     )
     if migration is not None:
-        result.problems += context_problems(response, max_tokens, count, migration, result.notes)
+        result.problems += context_problems(response, max_tokens, count, migration, result, ids)
     if baseline is None:
         result.notes.append(f"content not compared with a baseline: {why_no_baseline}")
     elif (at := first_divergence(baseline, response.text)) is not None:
@@ -209,30 +229,39 @@ def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:
     return Takeover(name, at)
 
 
-def boundary(times: list[float], fault_at: float, taken: Takeover) -> Boundary:
-    """The migration's pause in the client's reading of content frames (monotonic `times`):
-    the longest gap that ends after the new worker received the request (its frames cannot
-    come sooner), within `TAKEOVER_WINDOW_S` of the first frame read after that. A first frame
-    read after the fault is measured from the fault."""
+def boundary(
+    times: list[float], fault_at: float, taken: Takeover, read: list[int], most: int
+) -> Boundary:
+    """The migration's pause in the client's reading of content frames (monotonic `times`;
+    `read[i]` tokens read before frame i): the longest gap that ends after the new worker
+    received the request (its frames cannot come sooner), at a frame with at most `most`
+    tokens before it (the context's and `REPLAY_SPAN` more). A first frame read after the fault
+    is measured from the fault. Certain only where the pause stands out from every other gap
+    of the stream (`STANDS_OUT`) and is not followed by a burst."""
 
     def gap(i: int) -> float:
         return times[i] - (times[i - 1] if i else fault_at)
 
-    after = [i for i, t in enumerate(times) if t > max(taken.received_at, fault_at)]
+    start = max(taken.received_at, fault_at)
+    after = [i for i, t in enumerate(times) if t > start and read[i] <= most]
     if not after:
-        return Boundary(len(times), False, f"no frame read after {taken.worker} received it")
-    end = times[after[0]] + TAKEOVER_WINDOW_S
-    candidates = [i for i in after if times[i] <= end]
-    pause = max(candidates, key=gap)
+        why = f"no frame read after {taken.worker} received it, within {most} tokens"
+        return Boundary(len(times), False, why)
+    pause = max(after, key=gap)
     where = f"the {gap(pause) * 1000:.1f} ms pause before frame {pause + 1}"
-    others = [gap(i) for i in candidates if i > pause]  # the new worker's own steps
-    if gap(pause) < MIN_PAUSE_S:
-        why = f"{where} is shorter than a stall of the client's can be ({MIN_PAUSE_S} s)"
+    others = [i for i in range(1, len(times)) if i != pause]
+    if not others:
+        return Boundary(pause, False, f"{where} is the only gap: no stall to tell it from")
+    longest = max(others, key=gap)
+    if gap(pause) < STANDS_OUT * gap(longest):
+        why = (
+            f"{where} is not {STANDS_OUT:g}x the longest other gap of the client's reading "
+            f"({gap(longest) * 1000:.1f} ms, before frame {longest + 1}): a stall this run "
+            f"shows could pass for it"
+        )
         return Boundary(pause, False, why)
-    if others and gap(pause) < DISTINCT * max(others):
-        why = f"{where} is not {DISTINCT}x the {max(others) * 1000:.1f} ms gap after it"
-        return Boundary(pause, False, why)
-    if pause + 1 < len(times) and gap(pause + 1) < BURST_S:
+    step = sorted(gap(i) for i in others)[len(others) // 2]
+    if pause + 1 < len(times) and gap(pause + 1) < BURST_FRACTION * step:
         why = f"{where} is followed by frames read back to back: the client had fallen behind"
         return Boundary(pause, False, why)
     return Boundary(pause, True, f"{where}, after {taken.worker} received the request")
@@ -243,10 +272,12 @@ def context_problems(
     max_tokens: int,
     count: TokenCounter,
     migration: Migration,
-    notes: list[str],
+    result: Continuity,
+    ids: TokenIds | None = None,
 ) -> list[str]:
     """The re-issued context against what the client had read before the new worker's first
-    token: `usage.prompt_tokens` is the prompt plus the tokens the context carried."""
+    token: `usage.prompt_tokens` is the prompt plus the tokens the context carried. Where the
+    check cannot be made for certain it is not proven (`result.unproven`), never passed."""
     context = (response.usage or {}).get("prompt_tokens")
     if context is None:
         return ["the response has no usage.prompt_tokens: the re-issued context is unknown"]
@@ -254,53 +285,181 @@ def context_problems(
     carried = context - prompt
     if carried < 0:
         return [f"usage.prompt_tokens is {context}, below the {prompt} of the prompt"]
-    if taken is None:
-        if carried:
-            return [
-                f"usage.prompt_tokens is {context}, the prompt's {prompt} plus {carried}, but no "
-                f"worker but the faulted one logged receiving the request"
-            ]
-        notes.append("no other worker received the request: its context was never re-issued")
-        return []
     frames = [(c.at, count(c.text)) for c in response.chunks if c.text]
+    if taken is None:
+        return unclaimed(context, prompt, frames, migration, result)
     counts = [n for _, n in frames if n is not None]
     if len(frames) < 2 or len(counts) < len(frames):
         why = "the client read the response whole" if len(frames) < 2 else "tokens not counted"
-        notes.append(
+        result.notes.append(
             f"the re-issued context (the prompt plus {carried} tokens) not compared with what "
             f"the client had when {taken.worker} took over: {why}"
         )
         return []
     context_is = f"the re-issued context carried {carried} (usage.prompt_tokens {context} "
     context_is += f"- prompt {prompt})"
-    early = sum(n for (t, _), n in zip(frames, counts, strict=True) if t < taken.received_at)
-    if early > carried:  # certain: the new worker had not received the request yet
+    start_at, start = could_start(taken, migration)
+    early = sum(n for (t, _), n in zip(frames, counts, strict=True) if t < start_at)
+    if early > carried:  # certain: the new worker could not have sent a token yet
         return [
-            f"the client had read {early} tokens before {taken.worker} received the re-issued "
-            f"request, but {context_is}: {early - carried} replayed at the migration"
+            f"the client had read {early} tokens before {start}, but {context_is}: "
+            f"{early - carried} replayed at the migration"
         ]
-    edge = boundary([t for t, _ in frames], migration.fault_at, taken)
-    if not edge.certain:
-        notes.append(
-            f"where {taken.worker}'s tokens begin is ambiguous ({edge.why}): checked only that "
-            f"the context holds the {early} tokens the client read before {taken.worker} "
-            f"received the request; a token lost at the migration would not show"
+    if (record := held(response, migration, carried, ids)) is not None:
+        return identity_problems(record, carried, max_tokens, sum(counts), taken, result)
+    if early == carried:  # certain: the client had every token of the context by then
+        result.notes.append(
+            f"the re-issued context is the prompt plus exactly the {carried} tokens the client "
+            f"read before {start} (causality)"
         )
         return []
+    read = list(accumulate(counts, initial=0))[:-1]
+    edge = boundary([t for t, _ in frames], migration.fault_at, taken, read, carried + REPLAY_SPAN)
+    if not edge.certain:
+        result.unproven.append(
+            f"whether a token was lost at the migration: where {taken.worker}'s tokens begin "
+            f"is ambiguous ({edge.why}), and no record of its context says it; checked only "
+            f"that the context holds the {early} tokens the client read before {start}"
+        )
+        return []
+    first = f"{taken.worker}'s first ({edge.why})"
     before = sum(counts[: edge.index])
+    return compared(before, carried, max_tokens, sum(counts), first, context_is, result)
+
+
+def could_start(taken: Takeover, migration: Migration) -> tuple[float, str]:
+    """The earliest the new worker's first token can reach the client, and why: once it has
+    received the re-issued request, and not before the least time a first token takes after
+    the fault, where the backend knows one. Every token the client read sooner is one of the
+    faulted worker's: as many as the context carried, none was lost."""
+    floor = migration.first_token_floor_s
+    if floor is not None and migration.fault_at + floor > taken.received_at:
+        why = f"the re-issued request's KV transfer takes at least {floor:.2f} s after the fault"
+        return migration.fault_at + floor, f"{taken.worker} could send its first token ({why})"
+    return taken.received_at, f"{taken.worker} received the re-issued request"
+
+
+def compared(
+    before: int,
+    carried: int,
+    max_tokens: int,
+    total: int,
+    first: str,
+    context_is: str,
+    result: Continuity,
+) -> list[str]:
+    """The tokens the client read before the new worker's `first` token against the `carried`
+    ones: more are replayed, fewer lost; equal, a note says so."""
     if before > carried:
         return [
-            f"the client read {before} tokens before {taken.worker}'s first ({edge.why}), but "
-            f"{context_is}: {before - carried} replayed at the migration"
+            f"the client read {before} tokens before {first}, but {context_is}: "
+            f"{before - carried} replayed at the migration"
         ]
     if before < carried:
-        also = ", and as many repeated after it" if sum(counts) == max_tokens else ""
+        also = ", and as many repeated after it" if total == max_tokens else ""
         return [
-            f"the client read {before} tokens before {taken.worker}'s first ({edge.why}), but "
-            f"{context_is}: {carried - before} lost at the migration{also}"
+            f"the client read {before} tokens before {first}, but {context_is}: "
+            f"{carried - before} lost at the migration{also}"
         ]
-    notes.append(
+    result.notes.append(
         f"the re-issued context is the prompt plus exactly the {before} tokens the client read "
-        f"before {taken.worker}'s first ({edge.why})"
+        f"before {first}"
     )
     return []
+
+
+def unclaimed(
+    context: int,
+    prompt: int,
+    frames: list[tuple[float, int | None]],
+    migration: Migration,
+    result: Continuity,
+) -> list[str]:
+    """No worker but the faulted one logged receiving the request. A context that grew, or a
+    move counted when the client already had tokens that the context lacks (the request
+    restarted from the bare prompt), is a failure; a move counted with nothing to tell it by
+    is not proven; no move counted, there was no re-issued context to check."""
+    carried = context - prompt
+    if carried:
+        return [
+            f"usage.prompt_tokens is {context}, the prompt's {prompt} plus {carried}, but no "
+            f"worker but the faulted one logged receiving the request"
+        ]
+    if not migration.moved:
+        result.notes.append("no migration counted: the request's context was never re-issued")
+        return []
+    read = [n for t, n in frames if t < migration.fault_at]
+    if None not in read and sum(read) > 0:
+        return [
+            f"the client had read {sum(read)} tokens when the fault was sent and the frontend "
+            f"counted a move, but the re-issued context carried none (usage.prompt_tokens "
+            f"{context} = the prompt): the request restarted from the bare prompt, its "
+            f"{sum(read)} tokens lost from the context"
+        ]
+    result.unproven.append(
+        "the re-issued context: the frontend counted a move, but no worker of the faulted "
+        "role but the faulted one logged receiving the request (the successor's log line was "
+        "not found), so where its tokens begin is unknown"
+    )
+    return []
+
+
+def held(
+    response: Response, migration: Migration, carried: int, ids: TokenIds | None
+) -> tuple[list[int], list[int]] | None:
+    """(the token ids the client read, the first `carried` ids of the new worker's own record
+    of its context), where both are known and the record reaches that far; else None."""
+    if migration.received is None or ids is None or len(migration.received) < carried:
+        return None
+    read: list[int] = []
+    for chunk in response.chunks:
+        if chunk.text:
+            if (found := ids(chunk.text)) is None:
+                return None
+            read += found
+    return read, migration.received[:carried]
+
+
+def identity_problems(
+    record: tuple[list[int], list[int]],
+    carried: int,
+    max_tokens: int,
+    total: int,
+    taken: Takeover,
+    result: Continuity,
+) -> list[str]:
+    """The client's first `carried` tokens against the context the new worker received, token
+    for token: equal, no token was lost or replaced before the migration, and the boundary is
+    certain (a token the client read after them that the context lacks is caught by causality
+    when read before the takeover, else by the count); different, the first differing token
+    is named, with what a shift of the stream there explains."""
+    read, context = record
+    source = f"{taken.worker}'s own record of the context it received"
+    if read[:carried] == context:
+        result.notes.append(
+            f"the re-issued context is the prompt plus exactly the {carried} tokens the client "
+            f"read first, token for token ({source})"
+        )
+        return []
+    at = next(i for i in range(carried) if i >= len(read) or read[i] != context[i])
+    seen = f"token id {read[at]}" if at < len(read) else "nothing"
+    what = shift_at(read, context, at)
+    also = (
+        ", and as many repeated after it" if what.endswith("lost") and total == max_tokens else ""
+    )
+    return [
+        f"the client's token {at + 1} is {seen}, but the re-issued context's token {at + 1} is "
+        f"token id {context[at]} ({source}): {what} at the migration{also}"
+    ]
+
+
+def shift_at(read: list[int], context: list[int], at: int, most: int = 4) -> str:
+    """What the client's stream did at `at`, where it first departs from the context: `n lost`
+    when it goes on as the context does `n` tokens later, `n replayed` when the context goes
+    on as the stream does `n` tokens later; else that it departs."""
+    for n in range(1, most + 1):
+        if read[at : len(context) - n] == context[at + n :]:
+            return f"{n} lost"
+        if read[at + n : len(context)] == context[at : len(context) - n]:
+            return f"{n} replayed"
+    return "a token replaced"

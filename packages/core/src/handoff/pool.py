@@ -461,6 +461,14 @@ class Pools:
             shutil.rmtree(pool.folder, ignore_errors=True)
         return problems
 
+    def copy_logs(self, pool: Pool, into: Path) -> None:
+        """A copy of `pool`'s logs as they stand, where a discard would move them, for a case
+        that keeps its logs while its pool goes on (a case not proven)."""
+        for log in pool.folder.rglob("*.log"):
+            target = into / f"pool-{pool.name}" / log.relative_to(pool.folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, target)
+
     def close(self) -> list[str]:
         """Stop the current pool; every problem found stopping pools, each naming its pool."""
         if self.current is not None:

@@ -30,6 +30,7 @@ from handoff.runs.report import case_table
 from handoff.runs.results import FILE as RESULTS_FILE
 from handoff.runs.results import PROPERTY, CaseRecord, RunResults, describe, tally
 from handoff.sharing import scheduling
+from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN
 
 #: The workerinput key by which the controller tells an xdist worker it groups items by pool.
 LOADGROUP = "handoff_loadgroup"
@@ -69,6 +70,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--handoff-keep-logs",
         action="store_true",
         help="keep logs of passed cases and of their pools too",
+    )
+    group.addoption(
+        "--handoff-allow-unproven",
+        action="store_true",
+        help="a case not proven (a check it exists for could not be made) is reported as "
+        "skipped, with the checks and why, instead of failing the run; still never a pass",
     )
     group.addoption(
         "--handoff-graceful-bound",
@@ -405,12 +412,15 @@ class RunReport:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
+        outcome = None
         if report.when == "call" and PROPERTY in props:
             record = CaseRecord.from_json(props[PROPERTY])
             record.nodeid = plain_nodeid(report.nodeid)
             self.records.append(record)
+            outcome = record.outcome
         if self.progress and (report.when == "call" or report.outcome == "failed"):
-            self.progress.finished(report.nodeid, report.outcome == "passed")
+            failed = outcome == FAILED or (outcome is None and report.outcome != "passed")
+            self.progress.finished(report.nodeid, not failed, outcome == NOT_PROVEN)
 
     @pytest.hookimpl
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -445,6 +455,7 @@ class RunReport:
             selection_keys=[c.key for c in selected_cases(self.config, backend)] if backend else [],
             split={"splits": splits, "group": option.group} if splits else None,
             error=error,
+            allow_unproven=self.config.getoption("handoff_allow_unproven"),
         )
 
     @pytest.hookimpl
@@ -461,7 +472,10 @@ class RunReport:
         for line in console.file.getvalue().splitlines():
             tr.write_line(line)
         for case in self.records:
-            if case.upstream_defect:
+            if case.outcome == NOT_PROVEN:
+                tr.write_line(f"{case.key} not proven: {'; '.join(case.unproven)}")
+                tr.write_line(f"logs kept for {case.key}: {case.folder}")
+            elif case.outcome == KNOWN_DEFECT:
                 tr.write_line(f"{case.key} failed as expected: {case.upstream_defect}")
             elif not case.passed:
                 tr.write_line(f"{case.key} failed in {case.phase}; the last events before it:")

@@ -8,6 +8,7 @@ import pytest
 from handoff.backend import TIMEOUT_MARKER
 from handoff.runner import run_case
 from handoff.runs import results
+from handoff.verdict import KNOWN_DEFECT, NOT_PROVEN, PASSED
 
 
 def test_migration(
@@ -21,8 +22,14 @@ def test_migration(
     request.node.user_properties.append(("verdict", result.verdict.summary()))
     request.node.user_properties.extend(result.history.phases().items())
     request.node.user_properties.append((results.PROPERTY, results.CaseRecord.of(result).to_json()))
-    if result.verdict.upstream_defect:
+    outcome = result.verdict.outcome
+    if outcome == KNOWN_DEFECT:
         pytest.xfail(f"{result.verdict.upstream_defect}; logs kept: {folder}")
-    if not result.verdict.passed:
-        request.node.user_properties.append(("logs", str(folder)))
-        pytest.fail(f"{result.verdict.summary()}\nlogs kept: {folder}", pytrace=False)
+    if outcome == PASSED:
+        return
+    request.node.user_properties.append(("logs", str(folder)))
+    if outcome == NOT_PROVEN and request.config.getoption("handoff_allow_unproven"):
+        # Allowed, still never a pass: skipped, with the checks not made and why.
+        pytest.skip(f"not proven: {'; '.join(result.verdict.unproven)}; logs kept: {folder}")
+    allow = " (--handoff-allow-unproven reports it as skipped)" if outcome == NOT_PROVEN else ""
+    pytest.fail(f"{result.verdict.summary()}{allow}\nlogs kept: {folder}", pytrace=False)

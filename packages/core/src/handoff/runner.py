@@ -29,14 +29,8 @@ from handoff.responses.waits import (
     fault_env,
     sized_for_queues,
 )
-from handoff.verdict import (
-    Verdict,
-)
+from handoff.verdict import FAILED, Verdict
 
-#: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
-CHOICES = 2
-#: How often the frontend's /metrics is read, as a sign of life, while the response runs.
-FRONTEND_CHECK_S = 1.0
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
 EXIT_WAIT_S = 1.0
 
@@ -101,7 +95,9 @@ def run_case(
         if interrupted:
             history.write(folder / "history.json")
     if problems:
-        verdict = Verdict(False, verdict.reasons + problems, verdict.phase)
+        verdict = Verdict(
+            False, verdict.reasons + problems, verdict.phase, unproven=verdict.unproven
+        )
     verdict = concluded(verdict, made, pools, folder, settings, history)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
 
@@ -166,20 +162,25 @@ def concluded(
     history: History,
 ) -> Verdict:
     """The verdict once the case is torn down: a wall-clock step fails it (`clock_stepped`);
-    a failed case's pool is discarded with its logs kept; a passed case keeps only its
-    history unless logs are asked for."""
+    a failed case's pool is discarded with its logs kept; a case not proven keeps its pool and
+    a copy of its logs; a passed case keeps only its history unless logs are asked for."""
     owner = made.deployment.pool if made.deployment else made.pool
     step = owner.clock.stepped() if owner else None
     if step is not None:
         verdict = clock_stepped(verdict, step, history)
-    spoilt = step is not None or not (verdict.passed or verdict.upstream_defect)
+    spoilt = step is not None or verdict.outcome == FAILED
     if pools and made.pool and spoilt:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
-        # A known upstream defect is not theirs: its pool goes on, as after a pass. A pool
+        # A known upstream defect is not theirs: its pool goes on, as after a pass, and so
+        # does a case not proven (nothing went wrong), whose logs are kept all the same. A pool
         # whose wall clock stepped may have lost its leases: it goes too.
         discarded = pools.discard(made.pool, keep_in=folder)
         history.record("pool_discarded", pool=made.pool.name, problems=discarded)
-    history.record("verdict", passed=verdict.passed, reasons=verdict.reasons)
+    elif pools and made.pool and verdict.unproven:
+        pools.copy_logs(made.pool, into=folder)
+    history.record(
+        "verdict", passed=verdict.passed, reasons=verdict.reasons, unproven=verdict.unproven
+    )
     history.write(folder / "history.json")
     if verdict.passed and not settings.keep_logs:
         drop_logs(folder)
@@ -187,13 +188,15 @@ def concluded(
 
 
 def clock_stepped(verdict: Verdict, step_s: float, history: History) -> Verdict:
-    """A case whose deployment saw the wall clock step: a pass keeps the step as a note (its
-    evidence held); a failure, a known upstream defect's too, leads with it and stays failed."""
+    """A case whose deployment saw the wall clock step: a pass, or a case not proven, keeps
+    the step as a note (the evidence it made held); a failure, a known upstream defect's too,
+    leads with it and stays failed."""
     history.record("wall_clock_stepped", seconds=step_s)
-    if verdict.passed:
+    if not verdict.reasons:
         verdict.notes.append(step_reason(step_s))
         return verdict
-    return Verdict(False, [step_reason(step_s), *verdict.reasons], verdict.phase, verdict.notes)
+    reasons = [step_reason(step_s), *verdict.reasons]
+    return Verdict(False, reasons, verdict.phase, verdict.notes, unproven=verdict.unproven)
 
 
 def teardown(deployment: Deployment | None, history: History) -> list[str]:

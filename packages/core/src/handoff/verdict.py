@@ -11,9 +11,27 @@ from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import ApiError, KnownDefect, Outcome
 
+#: The four outcomes of a case (docs/architecture.md, "Verdict outcomes").
+PASSED, FAILED, KNOWN_DEFECT, NOT_PROVEN = "passed", "failed", "known upstream defect", "not proven"
+
+
+def outcome_of(passed: bool, reasons: list[str], unproven: list[str], upstream_defect: str) -> str:
+    """Which of the four a case is. A pass needs every check made; a failure outranks the
+    rest; a check left unmade outranks a known defect (the defect's xfail says that every
+    other promise held, which an unmade check cannot say). Fails closed: a verdict that says
+    it passed while it lists an unmade check is not proven."""
+    if passed and not unproven:
+        return PASSED
+    if reasons and not upstream_defect:
+        return FAILED
+    if unproven:
+        return NOT_PROVEN
+    return KNOWN_DEFECT if upstream_defect else FAILED
+
 
 @dataclass
 class Verdict:
+    #: Every check made, and each held: never true while `unproven` lists a check.
     passed: bool
     reasons: list[str] = field(default_factory=list)
     #: The last phase reached; on failure, where it failed.
@@ -22,10 +40,24 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     #: Failed exactly as a known upstream defect says (policies.KNOWN_DEFECTS): which.
     upstream_defect: str = ""
+    #: Each check the case exists for that could not be made, with why: not proven, never a
+    #: pass (a failure still outranks it).
+    unproven: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.passed = self.passed and not self.unproven
+
+    @property
+    def outcome(self) -> str:
+        return outcome_of(self.passed, self.reasons, self.unproven, self.upstream_defect)
 
     def summary(self) -> str:
-        head = "PASS" if self.passed else f"FAIL in {self.phase}"
-        return head if not self.reasons else f"{head}: " + "; ".join(self.reasons)
+        outcome = self.outcome
+        if outcome == NOT_PROVEN:
+            return "NOT PROVEN: " + "; ".join(self.unproven)
+        head = "PASS" if outcome == PASSED else f"FAIL in {self.phase}"
+        said = self.reasons + [f"not proven besides: {u}" for u in self.unproven]
+        return head if not said else f"{head}: " + "; ".join(said)
 
 
 def count_problems(expected: Outcome, counts: MigrationCounts, mode: str) -> list[str]:
@@ -162,8 +194,10 @@ def judge(
     max_tokens: int,
     mode: str,
     evidence: Sequence[str] = (),
+    unproven: Sequence[str] = (),
 ) -> Verdict:
-    """`evidence`: problems found by topology-specific checks (the KV transfer) to add."""
+    """`evidence`: problems found by topology-specific checks (the KV transfer) to add;
+    `unproven`: the checks they could not make, each with why."""
     problems = []
     # A drained worker may hand the request over at SIGTERM already (vLLM with no grace
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
@@ -193,18 +227,20 @@ def judge(
         )
     problems += count_problems(expected, counts, mode)
     problems += evidence
-    return Verdict(passed=not problems, reasons=problems, phase="verdict")
+    return Verdict(not problems, problems, "verdict", unproven=list(unproven))
 
 
 def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdict:
     """A case that runs into a known upstream defect on purpose: failed with the defect's
     every sign and for no reason it does not explain, it is that defect (a strict expected
-    failure); with its signs and other reasons too, a plain failure that names the defect and
-    each reason it does not explain, so that the defect hides no second failure; failed
-    otherwise, a plain failure; passed, it fails too, saying that the fix has arrived."""
+    failure; not proven if it also left a check unmade); with its signs and other reasons too,
+    a plain failure that names the defect and each reason it does not explain, so that the
+    defect hides no second failure; failed otherwise, a plain failure; passed, or not proven
+    with no failure, it fails too, saying that the fix has arrived: no check made showed the
+    defect."""
     if defect is None:
         return verdict
-    if verdict.passed:
+    if not verdict.reasons:  # passed, or not proven: the defect showed in no check made
         return Verdict(
             False,
             [
@@ -213,6 +249,7 @@ def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdic
             ],
             verdict.phase,
             verdict.notes,
+            unproven=verdict.unproven,
         )
     said = " | ".join(verdict.reasons)
     if not all(sign in said for sign in defect.signature):

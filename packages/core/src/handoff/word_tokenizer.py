@@ -60,5 +60,14 @@ def count(text: str) -> int:
     return len(text.split())
 
 
+def token_ids(text: str) -> list[int] | None:
+    """The token ids of `text` of this tokenizer's words (`tN` is id N); None where a word is
+    not one of them."""
+    words = text.split()
+    if not all(w[:1] == "t" and w[1:].isdigit() and int(w[1:]) < WORDS for w in words):
+        return None
+    return [int(w[1:]) for w in words]
+
+
 def write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")

@@ -10,18 +10,20 @@ passes, with about half a second to spare.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import ClassVar
 
-from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape
+from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape, Worker
 from handoff.cases import ABANDONS, KILLS, Case, topology
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
-from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt
+from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt, token_ids
+from handoff_mocker import kv_record
 from handoff_mocker.model import write_model
 
 MODEL_NAME = "handoff-mocker"
@@ -79,11 +81,21 @@ ONE_REQUEST = {
     "broker_loss": Timing(32, 200),
     "drain_expired": Timing(32, 900),
 }
+#: The decode topology's prefill workers take 0.25 s to transfer the KV of its 32-token prompt
+#: (more for a re-issued context that carries tokens too). A decode worker keeps no record of
+#: the context it received, so where its tokens begin in a migrated stream is told by the pause
+#: before them (continuity.boundary): the transfer of the re-issued request makes that pause
+#: stand out from every stall of the client's reading, where the re-prefill alone (about 40 ms)
+#: would not on a loaded machine.
+DECODE_TRANSFER_GBPS = 32 * KV_BYTES_PER_TOKEN / 0.25 / GB
 TIMINGS = {
     **{
-        (name, fault): ONE_REQUEST[fault]
-        for name in ("aggregate", "decode")
-        for fault in topology(name).allowed()["fault"]
+        ("aggregate", fault): ONE_REQUEST[fault]
+        for fault in topology("aggregate").allowed()["fault"]
+    },
+    **{
+        ("decode", fault): replace(ONE_REQUEST[fault], transfer_gbps=DECODE_TRANSFER_GBPS)
+        for fault in topology("decode").allowed()["fault"]
     },
     **{
         (name, fault): Timing(32, 900)
@@ -120,7 +132,10 @@ class MockerBackend(Backend):
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),
     }
-    worker_ports = ("system",)
+    #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
+    #: from (`received_context`). A decode worker stores no KV blocks of its own and has none.
+    worker_ports = ("system", "kv_events", "kv_replay")
+    role_ports: ClassVar[dict[str, tuple[str, ...]]] = {"decode": ("system",)}
     migration_counts = "exact"
     #: The mocker's scheduler exports vLLM's gauge of the requests it runs (with `engine` and
     #: `model_name` labels), beside the handler's: 1 while it decodes, 0 once it stopped.
@@ -171,28 +186,64 @@ class MockerBackend(Backend):
         decoding = self.decoding_at_once(case)
         return speeds if decoding is None else (*speeds, f"seqs{decoding}")
 
+    def engine(self, role: str, case: Case) -> dict[str, object]:
+        """The engine settings of a worker of `case` in `role`, as the mocker's engine-args
+        file holds them (`--extra-engine-args`: the mocker then reads its engine's settings
+        from the file alone). Each KV block it stores carries its token ids, which only the
+        engine's own KV events can (`emit_kv_token_ids` needs `emit_kv_events`)."""
+        timing = timing_of(case)
+        engine: dict[str, object] = {
+            "speedup_ratio": self.speedup_ratio,
+            "decode_speedup_ratio": timing.decode_speedup,
+            "worker_type": {"aggregate": "aggregated"}.get(role, role),
+            "kv_transfer_bytes_per_token": KV_BYTES_PER_TOKEN,
+            "emit_kv_events": True,
+            "emit_kv_token_ids": True,
+        }
+        if case.topology == "kv_transfer":
+            engine["max_model_len"] = KV_CONTEXT
+        if role == "prefill":
+            engine["kv_transfer_bandwidth"] = timing.transfer_gbps
+        if (decoding := self.decoding_at_once(case)) is not None:
+            engine["max_num_seqs"] = decoding
+        return engine
+
     def worker(
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
     ) -> Launch:
-        timing = timing_of(case)
+        # The local indexer is on, as the mocker's command line has it by default.
+        settings = {"engine": self.engine(role, case), "dynamo": {"enable_local_indexer": True}}
+        engine_args = folder / f"engine-{role}-{ports['system']}.json"
+        folder.mkdir(parents=True, exist_ok=True)
+        engine_args.write_text(json.dumps(settings, indent=2) + "\n")
         argv = [
             sys.executable, "-m", "dynamo.mocker",
             "--model-path", str(model.path),
             "--model-name", model.name,
             "--discovery-backend", "file",
             "--request-plane", case.plane,
-            "--speedup-ratio", str(self.speedup_ratio),
-            "--decode-speedup-ratio", str(timing.decode_speedup),
             "--disaggregation-mode", {"aggregate": "agg"}.get(role, role),
-            "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN),
+            "--extra-engine-args", str(engine_args),
         ]  # fmt: skip
-        if case.topology == "kv_transfer":
-            argv += ["--max-model-len", str(KV_CONTEXT)]
-        if role == "prefill":
-            argv += ["--kv-transfer-bandwidth", str(timing.transfer_gbps)]
-        if (decoding := self.decoding_at_once(case)) is not None:
-            argv += ["--max-num-seqs", str(decoding)]
+        if "kv_replay" in ports:
+            argv += ["--zmq-kv-events-ports", str(ports["kv_events"])]
+            argv += ["--zmq-replay-ports", str(ports["kv_replay"])]
         return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
+
+    def output_token_ids(self, text: str) -> list[int] | None:
+        """Each word `tN` of the mocker's model is token id N (handoff.word_tokenizer)."""
+        return token_ids(text)
+
+    def received_context(self, worker: Worker, prompt: str) -> list[int] | None:
+        """What the worker's KV blocks hold after `prompt` (`kv_record`): a migrated request's
+        re-issued context as the worker received it, then the mocker's own ids of the tokens it
+        generated. None for a worker with no replay port (decode), or a record unread."""
+        if "kv_replay" not in worker.ports or (ids := token_ids(prompt)) is None:
+            return None
+        try:
+            return kv_record.after_prefix(kv_record.stored_blocks(worker.ports["kv_replay"]), ids)
+        except kv_record.Unread:
+            return None
 
     def output_tokens(self, text: str) -> int:
         """Each token of the mocker's model is one word `tN` (handoff.word_tokenizer)."""

@@ -25,6 +25,7 @@ from rich.table import Table
 from handoff.commands.container import pytest_command
 from handoff.errors import HandoffError
 from handoff.plugins import ONLY_ENV, configured_backend, load
+from handoff.verdict import NOT_PROVEN
 
 IMAGE_ENV = "HANDOFF_IMAGE"
 
@@ -38,6 +39,8 @@ class Outcome:
     seconds: float = 0.0
     exit_code: int = 0
     note: str = ""
+    #: Cases not proven that the run allowed (skipped, never passed); refused, they failed.
+    unproven: int = 0
 
     @property
     def ok(self) -> bool:
@@ -76,24 +79,29 @@ def run_backend(name: str, run_dir: Path, image: str | None, pytest_args: list[s
     started = time.monotonic()
     code = subprocess.run(argv, check=False).returncode
     seconds = time.monotonic() - started
-    passed, failed = junit_counts(junit)
+    passed, failed, unproven = junit_counts(junit)
     where = f"inside {image}" if image else "on this machine"
-    return Outcome(name, True, passed, failed, seconds, code, f"{where}; results in {junit}")
+    note = f"{where}; results in {junit}"
+    return Outcome(name, True, passed, failed, seconds, code, note, unproven)
 
 
-def junit_counts(path: Path) -> tuple[int, int]:
-    """(passed, failed or errored) test cases of a JUnit file; (0, 0) if there is none."""
+def junit_counts(path: Path) -> tuple[int, int, int]:
+    """(passed, failed or errored, skipped as not proven) test cases of a JUnit file; all 0
+    if there is none."""
     if not path.is_file():
-        return 0, 0
+        return 0, 0, 0
     cases = ET.parse(path).getroot().iter("testcase")
-    passed = failed = 0
+    passed = failed = unproven = 0
     for case in cases:
         outcome = {child.tag for child in case}
+        skipped = case.find("skipped")
         if outcome & {"failure", "error"}:
             failed += 1
-        elif "skipped" not in outcome:
+        elif skipped is not None:
+            unproven += skipped.get("message", "").startswith(NOT_PROVEN)
+        else:
             passed += 1
-    return passed, failed
+    return passed, failed, unproven
 
 
 def required_missing(outcomes: list[Outcome], required: list[str]) -> list[str]:
@@ -116,12 +124,13 @@ def required_missing(outcomes: list[Outcome], required: list[str]) -> list[str]:
 
 def print_table(outcomes: list[Outcome]) -> None:
     table = Table(title="nightly")
-    for column in ("backend", "ran", "passed", "failed", "exit", "seconds"):
+    for column in ("backend", "ran", "passed", "failed", "not proven", "exit", "seconds"):
         table.add_column(column, no_wrap=True)
     table.add_column("note")
     for o in outcomes:
-        counts = [str(o.passed), str(o.failed), str(o.exit_code), f"{o.seconds:.0f}"]
+        counts = [str(o.passed), str(o.failed), str(o.unproven), str(o.exit_code)]
+        counts.append(f"{o.seconds:.0f}")
         table.add_row(
-            o.backend, "yes" if o.ran else "no", *(counts if o.ran else [""] * 4), escape(o.note)
+            o.backend, "yes" if o.ran else "no", *(counts if o.ran else [""] * 5), escape(o.note)
         )
     Console(width=200).print(table)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from handoff import continuity
 from handoff.backend import Backend, Worker
+from handoff.cases import Case, topology
 from handoff.client import Request, Response
+from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.policies import Outcome
 from handoff.verdict import request_problems
@@ -80,6 +82,7 @@ def content(
         compared_with=owed.compared_with,
         one_token_per_frame=backend.one_token_per_frame,
         migration=migration,
+        ids=backend.output_token_ids,
     )
     if request.guide is not None and not backend.decodes_guides:
         kept.notes.append(guide_unchecked(backend))
@@ -106,26 +109,37 @@ def guided_problems(request: Request, text: str, expected_text: str | None) -> l
 
 
 def migration_evidence(
-    targets: list[Worker],
+    deployment: Deployment,
+    case: Case,
+    request: Request,
     holder: Worker,
     response: Response,
     prompt: float,
+    moved: bool,
     history: History,
     **label: object,
 ) -> continuity.Migration:
     """What the re-issued context is judged with beside the stream: the prompt's length as the
-    frontend tokenized it (`prompt`), when the fault was sent, and which other worker of the
-    faulted role logged receiving it. `label` goes on the history's event: which of many
-    requests it was."""
+    frontend tokenized it (`prompt`), when the fault was sent, which other worker of the faulted
+    role logged receiving it, whether the frontend counted a move, what that worker's engine
+    holds after the request's prompt (`Backend.received_context`), and the least time any first
+    token of the case takes (its simulated KV transfer). `label` goes on the history's event:
+    which of many requests it was."""
+    backend, role = deployment.backend, topology(case.topology).target_role
     fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
-    logs = {w.name: w.process.log_path for w in targets if w is not holder}
+    others = {w.name: w for w in deployment.workers if w.role == role and w is not holder}
+    logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
     taken = continuity.takeover(logs, str(response_id)) if response_id else None
+    received = backend.received_context(others[taken.worker], request.prompt) if taken else None
     history.record(
         "takeover_seen",
         prompt_tokens=int(prompt),
         worker=taken.worker if taken else None,
         received_at=round(taken.received_at - history.started, 4) if taken else None,
+        moved=moved,
+        received_tokens=None if received is None else len(received),
         **label,
     )
-    return continuity.Migration(int(prompt), fault_at, taken)
+    floor = backend.kv_transfer_floor_s(case)
+    return continuity.Migration(int(prompt), fault_at, taken, moved, received, floor)

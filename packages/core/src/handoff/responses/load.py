@@ -124,7 +124,7 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     )  # fmt: skip
     served = received(loaded.targets, {str(h.request.request_id) for h in loaded.held})
     history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
-    verdict.passed = not verdict.reasons
+    verdict.passed = not verdict.reasons and not verdict.unproven
     # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
     defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
     return against_known_defect(verdict, defect)
@@ -246,21 +246,23 @@ def judge_load(
     counts = waits.settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
     history.record("metrics_read", counts=counts.as_dict())
     problems: list[str] = []
+    unproven: list[str] = []
     notes: dict[str, list[int]] = {}
     for h in loaded.held:
         response = h.inflight.response
 
         def moved(h: Held = h, response: Response = response) -> continuity.Migration:
-            targets = loaded.targets
             return evidence.migration_evidence(
-                targets, victim, response, prompt, history, request=h.n
-            )
+                deployment, case, h.request, victim, response, prompt, counts.moves > 0,
+                history, request=h.n,
+            )  # fmt: skip
 
         found = evidence.judged(
             h.request, response, h.owed, outcome, case.policy, h in cut, backend,
             moved if h in cut else lambda: None,
         )  # fmt: skip
         problems += [f"{h.label()}: {p}" for p in found.problems]
+        unproven += [f"{h.label()}: {u}" for u in found.unproven]
         for note in found.notes:
             notes.setdefault(note, []).append(h.n)
     problems += unmoved(expected, counts, victim, len(cut))
@@ -272,6 +274,7 @@ def judge_load(
         passed=not problems,
         reasons=problems,
         phase="verdict",
+        unproven=unproven,
         notes=[f"requests {', '.join(map(str, ns))}: {note}" for note, ns in notes.items()],
     )
 

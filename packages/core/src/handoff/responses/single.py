@@ -103,7 +103,7 @@ def exercise_one(run: CaseRun) -> Verdict:
         case.fault == PAST_LEASE,
         faulted_at, deadline, history,
     )  # fmt: skip
-    found.passed = not found.reasons
+    found.passed = not found.reasons and not found.unproven
     return against_known_defect(found, KNOWN_DEFECTS.get(case.fault))
 
 
@@ -261,15 +261,24 @@ def judged(
     response = sent.inflight.response
     kept = evidence.checked_content(
         planned.request, response, planned.owed, expected.completes, backend,
-        lambda: evidence.migration_evidence(sent.targets, sent.holder, response, prompt, history),
+        lambda: evidence.migration_evidence(
+            deployment, case, planned.request, sent.holder, response, prompt, counts.moves > 0,
+            history,
+        ),
     )  # fmt: skip
-    if kept.problems or kept.notes:
-        history.record("continuity_checked", problems=kept.problems, notes=kept.notes)
+    if kept.problems or kept.notes or kept.unproven:
+        history.record(
+            "continuity_checked",
+            problems=kept.problems,
+            notes=kept.notes,
+            unproven=kept.unproven,
+        )
     found = [*sent.evidence, *kept.problems]
     found += late_counts(metrics_url, model, before.counts, counts, expected, mode, history)
     verdict = judge(
-        expected, case.policy, response, counts, fault, planned.shape.max_tokens, mode, found
-    )
+        expected, case.policy, response, counts, fault, planned.shape.max_tokens, mode, found,
+        kept.unproven,
+    )  # fmt: skip
     verdict.notes = kept.notes
     return verdict
 

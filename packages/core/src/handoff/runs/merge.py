@@ -45,6 +45,8 @@ def merge(run_dirs: list[Path], out: Path) -> RunResults:
         handoff_version=first.handoff_version,
         device=first.device,
         selection_keys=first.selection_keys,
+        # A case not proven fails the merged run unless every shard allowed it.
+        allow_unproven=all(s.allow_unproven for s in shards),
     )
     merged.write()
     write_junit(suites, out / JUNIT)

@@ -1,4 +1,5 @@
-"""A live progress line on a terminal while cases run: done, running, failed, elapsed."""
+"""A live progress line on a terminal while cases run: done, running, failed, not proven,
+elapsed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class LiveProgress:
         self.console = console or Console(stderr=True)
         self.total = 0
         self.running: set[str] = set()
-        self.done = self.failed = 0
+        self.done = self.failed = self.unproven = 0
         self.since = time.monotonic()
         self.live: Live | None = None
 
@@ -26,6 +27,8 @@ class LiveProgress:
         line.append(f"{self.done}/{self.total} done", style="bold")
         line.append(f", {len(self.running)} running, ")
         line.append(f"{self.failed} failed", style="bold red" if self.failed else "")
+        if self.unproven:
+            line.append(f", {self.unproven} not proven", style="bold magenta")
         line.append(f", {elapsed:.0f} s")
         return line
 
@@ -45,11 +48,14 @@ class LiveProgress:
         self.running.add(nodeid)
         self._draw()
 
-    def finished(self, nodeid: str, passed: bool) -> None:
+    def finished(self, nodeid: str, passed: bool, unproven: bool = False) -> None:
+        """A case ended: passed (or an expected failure), failed, or not proven (`unproven`,
+        whether the run allows it or not)."""
         if nodeid in self.running:
             self.running.discard(nodeid)
             self.done += 1
-            self.failed += not passed
+            self.unproven += unproven
+            self.failed += not passed and not unproven
         self._draw()
 
     def stop(self) -> None:

@@ -18,9 +18,13 @@ from rich.text import Text
 from handoff.errors import HandoffError
 from handoff.runs.lanes import lanes_svg
 from handoff.runs.results import CaseRecord, RunResults, tally
+from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN, PASSED
 
 HTML_FILE = "report.html"
 HISTORY_FILE = "history.json"
+#: How each outcome is drawn in the terminal's table, and its class on report.html.
+STYLES = {PASSED: "green", KNOWN_DEFECT: "yellow", NOT_PROVEN: "bold magenta", FAILED: "bold red"}
+CLASSES = {PASSED: "pass", KNOWN_DEFECT: "xfail", NOT_PROVEN: "unproven", FAILED: "fail"}
 
 
 def case_table(cases: Sequence[CaseRecord], title: str = "handoff cases") -> Table:
@@ -34,7 +38,7 @@ def case_table(cases: Sequence[CaseRecord], title: str = "handoff cases") -> Tab
     table.add_column("reason")
     for case in sorted(cases, key=lambda c: c.key):
         key, verdict, total, gap, migrations, reason = _cells(case)
-        style = "green" if case.passed else "yellow" if case.upstream_defect else "bold red"
+        style = STYLES[case.outcome]
         table.add_row(key, Text(verdict, style=style), total, gap, migrations, Text(reason))
     return table
 
@@ -50,11 +54,21 @@ def _cells(case: CaseRecord) -> list[str]:
         f"{case.seconds:.1f}",
         "" if gap is None else f"{gap:.0f}" if p99 is None else f"{gap:.0f}/{p99:.0f}",
         str(case.migrations) if case.counts else "",
-        # An expected failure: the issue here, the promise it breaks under the table.
-        case.upstream_defect.partition(": ")[0]
-        if case.upstream_defect
-        else "; ".join(case.reasons),
+        reason(case),
     ]
+
+
+def reason(case: CaseRecord) -> str:
+    """Why the case is not a pass, in one cell: a failure's reasons; a known defect's issue
+    (the promise it breaks goes under the table); the checks a case not proven left unmade."""
+    issue = case.upstream_defect.partition(": ")[0]
+    outcome = case.outcome
+    if outcome == KNOWN_DEFECT:
+        return issue
+    if outcome == NOT_PROVEN:
+        also = f" (and {issue}, as expected)" if issue else ""
+        return "; ".join(case.unproven) + also
+    return "; ".join(case.reasons)
 
 
 # --- handoff report ----------------------------------------------------------------------------
@@ -74,10 +88,14 @@ def event_line(event: dict[str, Any]) -> str:
 
 
 def failure_lines(run_dir: Path, case: CaseRecord) -> list[str]:
-    """What a reader of a failed case needs first: where it failed, why, what happened last, and
-    where its logs are."""
-    lines = [f"FAIL {case.key} in {case.phase}"]
-    lines += [f"  reason: {reason}" for reason in case.reasons]
+    """What a reader of a failed case, or one not proven, needs first: where it failed, why
+    (or which checks could not be made, and why), what happened last, and where its logs are."""
+    if case.outcome == NOT_PROVEN:
+        lines = [f"NOT PROVEN {case.key}"]
+    else:
+        lines = [f"FAIL {case.key} in {case.phase}"]
+        lines += [f"  reason: {reason}" for reason in case.reasons]
+    lines += [f"  not proven: {unmade}" for unmade in case.unproven]
     if case.deployment:
         lines.append(f"  workers: {case.deployment}")
     if case.last_events:
@@ -88,8 +106,9 @@ def failure_lines(run_dir: Path, case: CaseRecord) -> list[str]:
 
 
 def report(run_dir: Path, console: Console | None = None) -> int:
-    """`handoff report RUN_DIR`: the case table, each failed case in words, and report.html
-    beside results.json. Exit status 1 when a case failed, else 0."""
+    """`handoff report RUN_DIR`: the case table, each failed case and each case not proven in
+    words, and report.html beside results.json. Exit status 1 when a case failed, or was not
+    proven in a run that did not allow it (`RunResults.exit_status`), else 0."""
     results = RunResults.load(run_dir)
     console = console or Console(width=max(Console().width, 160))  # case keys are long
     if results.error:
@@ -97,13 +116,13 @@ def report(run_dir: Path, console: Console | None = None) -> int:
     console.print(
         case_table(results.cases, title=f"handoff cases of {escape_markup(str(run_dir))}")
     )
-    for case in sorted(results.failed, key=lambda c: c.key):
+    for case in sorted(results.failed + results.unproven, key=lambda c: c.key):
         for line in failure_lines(run_dir, case):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(tally(results.cases), highlight=False)
     path = write_html(results, run_dir)
     console.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
-    return 1 if results.failed or results.error else 0
+    return results.exit_status
 
 
 def write_html(results: RunResults, run_dir: Path) -> Path:
@@ -141,7 +160,9 @@ table.cases th, table.cases td { border: 1px solid #ccc; padding: 3px 8px; text-
   vertical-align: top; }
 td.num { text-align: right; }
 .pass { color: #18794e; font-weight: 600; } .fail { color: #c62828; font-weight: 600; }
+.xfail { color: #9a6700; font-weight: 600; } .unproven { color: #8e24aa; font-weight: 600; }
 .failure { border-left: 4px solid #c62828; padding: 4px 12px; background: #fff5f5; }
+.unmade { border-left: 4px solid #8e24aa; padding: 4px 12px; background: #fbf5fd; }
 pre { white-space: pre-wrap; margin: 4px 0; font-size: 12px; }
 svg.timeline, svg.lanes { display: block; max-width: 100%; height: auto; background: #fafafa;
   border: 1px solid #ddd; }
@@ -191,7 +212,7 @@ def cases_table(cases: Sequence[CaseRecord]) -> str:
         rows.append(
             "<tr>"
             f'<td class="key"><a href="#case-{n}">{escape(key)}</a></td>'
-            f'<td class="{"pass" if case.passed else "fail"}">{escape(verdict)}</td>'
+            f'<td class="{CLASSES[case.outcome]}">{escape(verdict)}</td>'
             f'<td class="num">{total}</td><td class="num">{gap}</td>'
             f'<td class="num">{migrations}</td>'
             f"<td>{escape(reason)}</td><td>{escape('; '.join(case.notes))}</td>"
@@ -205,26 +226,36 @@ def case_section(n: int, case: CaseRecord, run_dir: Path) -> str:
     phases = ", ".join(f"{k} {v:g}" for k, v in case.phases.items())
     parts = [
         f'<section id="case-{n}">',
-        f'<h2>{escape(case.key)} <span class="{"pass" if case.passed else "fail"}">'
+        f'<h2>{escape(case.key)} <span class="{CLASSES[case.outcome]}">'
         f"{escape(verdict)}</span></h2>",
         f'<div class="phases">{escape(phases)}</div>',
         f'<div class="phases">workers: {escape(case.deployment or "not drawn")}</div>',
     ]
     if not case.passed:
-        last_events = "\n".join(event_line(e) for e in case.last_events)
-        parts += [
-            '<div class="failure">',
-            f"<div>failed in phase <b>{escape(case.phase)}</b></div>",
-            "<div>reasons:</div>",
-            *(f"<pre>{escape(r)}</pre>" for r in case.reasons),
-            "<div>last events:</div>",
-            f"<pre>{escape(last_events or '(none recorded)')}</pre>",
-            f"<div>logs: <code>{escape(str(case_folder(run_dir, case)))}</code></div>",
-            "</div>",
-        ]
+        parts += failure_block(case, run_dir)
     events, why = load_history(run_dir, case)
     parts += [timeline_svg(case.key, events, why), lanes_svg(case.key, events), "</section>"]
     return "\n".join(parts)
+
+
+def failure_block(case: CaseRecord, run_dir: Path) -> list[str]:
+    """A case that did not pass, on the page: where it failed and why, or the checks it could
+    not make and why; its last events and its logs."""
+    last_events = "\n".join(event_line(e) for e in case.last_events)
+    if case.outcome == NOT_PROVEN:
+        head = ['<div class="unmade">', "<div><b>not proven</b>: checks not made:</div>"]
+        head += [f"<pre>{escape(u)}</pre>" for u in case.unproven]
+    else:
+        head = ['<div class="failure">', f"<div>failed in phase <b>{escape(case.phase)}</b></div>"]
+        head += ["<div>reasons:</div>", *(f"<pre>{escape(r)}</pre>" for r in case.reasons)]
+        head += [f"<pre>not proven besides: {escape(u)}</pre>" for u in case.unproven]
+    return [
+        *head,
+        "<div>last events:</div>",
+        f"<pre>{escape(last_events or '(none recorded)')}</pre>",
+        f"<div>logs: <code>{escape(str(case_folder(run_dir, case)))}</code></div>",
+        "</div>",
+    ]
 
 
 # --- the timeline ------------------------------------------------------------------------------

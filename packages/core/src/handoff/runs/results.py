@@ -10,6 +10,7 @@ from typing import Any
 
 from handoff.errors import HandoffError
 from handoff.runner import CaseResult
+from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN, PASSED, outcome_of
 
 #: The pytest user property that carries a case's record from an xdist worker to the controller.
 PROPERTY = "handoff_result"
@@ -40,17 +41,26 @@ class CaseRecord:
     nodeid: str = ""
     #: Failed exactly as a known upstream defect says: which (a strict expected failure).
     upstream_defect: str = ""
+    #: The checks the case exists for that could not be made, each with why (not proven).
+    unproven: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """passed, failed, known upstream defect or not proven (handoff.verdict)."""
+        return outcome_of(self.passed, self.reasons, self.unproven, self.upstream_defect)
 
     @property
     def failed(self) -> bool:
         """Failed for a reason of its own, not as the known upstream defect it runs into."""
-        return not self.passed and not self.upstream_defect
+        return self.outcome == FAILED
 
     @property
     def verdict(self) -> str:
-        if self.passed:
-            return "PASS"
-        return "XFAIL upstream" if self.upstream_defect else f"FAIL in {self.phase}"
+        return {
+            PASSED: "PASS",
+            KNOWN_DEFECT: "XFAIL upstream",
+            NOT_PROVEN: "NOT PROVEN",
+        }.get(self.outcome, f"FAIL in {self.phase}")
 
     @property
     def deployment(self) -> str:
@@ -83,6 +93,7 @@ class CaseRecord:
             pool=ready.get("pool", ""),
             workers=ready.get("workers", []),
             upstream_defect=result.verdict.upstream_defect,
+            unproven=list(result.verdict.unproven),
         )
 
     def to_json(self) -> str:
@@ -125,6 +136,8 @@ class RunResults:
     split: dict[str, int] | None = None
     #: Why the run ended before any case ran (a collection error), in one line; else "".
     error: str = ""
+    #: The run was told that a case not proven does not fail it (--handoff-allow-unproven).
+    allow_unproven: bool = False
 
     def write(self) -> Path:
         path = Path(self.run_dir) / FILE
@@ -150,10 +163,24 @@ class RunResults:
     def failed(self) -> list[CaseRecord]:
         return [c for c in self.cases if c.failed]
 
+    @property
+    def unproven(self) -> list[CaseRecord]:
+        return [c for c in self.cases if c.outcome == NOT_PROVEN]
+
+    @property
+    def exit_status(self) -> int:
+        """1 when a case failed, the run ended in error, or a case was not proven where the
+        run did not allow it; else 0."""
+        refused = self.unproven and not self.allow_unproven
+        return 1 if self.failed or self.error or refused else 0
+
 
 def tally(cases: list[CaseRecord]) -> str:
-    """`N cases: P passed, F failed`, and the cases that failed as known upstream defects."""
-    failed = sum(1 for c in cases if c.failed)
-    defects = sum(1 for c in cases if c.upstream_defect)
-    line = f"{len(cases)} cases: {len(cases) - failed - defects} passed, {failed} failed"
+    """`N cases: P passed, F failed`, then the cases not proven and those that failed as known
+    upstream defects, each where there are any."""
+    outcomes = [c.outcome for c in cases]
+    passed, failed = outcomes.count(PASSED), outcomes.count(FAILED)
+    unproven, defects = outcomes.count(NOT_PROVEN), outcomes.count(KNOWN_DEFECT)
+    line = f"{len(cases)} cases: {passed} passed, {failed} failed"
+    line += f", {unproven} not proven" if unproven else ""
     return line + (f", {defects} failed as known upstream defects" if defects else "")
