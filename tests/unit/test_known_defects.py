@@ -95,7 +95,7 @@ def never_routed(worker: str, instances: str, unlisted: str | None = None) -> st
     """recovery.unrejoined's reason, as the lease's cases gave it."""
     return (
         f"{worker}, healed after its fault, was never routed to again: timed out waiting for "
-        f"{worker} to serve a request again; last seen: 154 request(s), HTTP 200, 1 content "
+        f"{worker} to take a request again; last seen: 154 request(s), HTTP 200, 1 content "
         f"chunk(s), finish_reason=length, completion_tokens=4; the frontend lists instances "
         f"{instances} and models ['handoff-mocker']; it lists none of {unlisted or worker}"
     )

@@ -15,7 +15,7 @@ from handoff.polling import Timeout
 from handoff.responses.recovery import await_unlisted, unrejoined
 
 HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"
-TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to serve a request again")
+TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to take a request again")
 
 
 def deployment(listed: set[int] | None) -> Deployment:

@@ -202,7 +202,7 @@ KNOWN_DEFECTS = {
             # frontend lists no instance of it (recovery.unrejoined); nothing else.
             whole(
                 rf"({WORKER}), healed after its fault, was never routed to again: timed out "
-                rf"waiting for \1 to serve a request again; last seen: \d+ request\(s\), HTTP "
+                rf"waiting for \1 to take a request again; last seen: \d+ request\(s\), HTTP "
                 rf"200, \d+ content chunk\(s\), finish_reason=length, completion_tokens=\d+; "
                 rf"the frontend lists instances \{{[^{{}}]*\}} and models \[[^]]*\]; it lists "
                 rf"none of \1"

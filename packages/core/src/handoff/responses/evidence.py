@@ -111,7 +111,7 @@ def guided_problems(request: Request, text: str, expected_text: str | None) -> l
 def migration_evidence(
     deployment: Deployment,
     case: Case,
-    request: Request,
+    request_made: Request,
     holder: Worker,
     response: Response,
     prompt: float,
@@ -122,7 +122,7 @@ def migration_evidence(
     """What the re-issued context is judged with beside the stream: the prompt's length as the
     frontend tokenized it (`prompt`), when the fault was sent, which other worker of the faulted
     role logged receiving it, whether the frontend counted a move, what that worker's engine
-    holds after the request's prompt (`Backend.received_context`), and the least time any first
+    holds after the prompt of `request_made` (`Backend.received_context`), and the least time any first
     token of the case takes (its simulated KV transfer). `label` goes on the history's event:
     which of many requests it was."""
     backend, role = deployment.backend, topology(case.topology).target_role
@@ -131,7 +131,9 @@ def migration_evidence(
     logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
     taken = continuity.takeover(logs, str(response_id)) if response_id else None
-    received = backend.received_context(others[taken.worker], request.prompt) if taken else None
+    received = (
+        backend.received_context(others[taken.worker], request_made.prompt) if taken else None
+    )
     history.record(
         "takeover_seen",
         prompt_tokens=int(prompt),
