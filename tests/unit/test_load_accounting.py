@@ -10,6 +10,7 @@ from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History, percentile, resumption_s
+from handoff.metrics import FrontendReading, MigrationCounts
 from handoff.policies import expected_outcome
 from handoff.responses.evidence import Owed, judged
 from handoff.responses.load import (
@@ -19,6 +20,7 @@ from handoff.responses.load import (
     Held,
     busiest,
     classify,
+    each_prompt,
     expected_counts,
     load_bound,
     settled,
@@ -211,3 +213,16 @@ def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_th
     (problem,) = problems("".join(words[:3]) + " t999" + "".join(words[4:]), True)
     assert problem.startswith("the migrated text departs from the reference at token 4")
     assert problems(None, False) == []  # a backend that knows no text judges the tokens alone
+
+
+def test_each_prompt_of_a_load_case_is_the_counts_rise_split_evenly_or_unknown():
+    """The re-issued context of each moved load request is judged with its prompt's length as
+    the frontend tokenized it: the count's rise over the case's prompts, all of one length. A
+    rise that does not split evenly is no such reading: the case fails, naming it."""
+    counts = MigrationCounts(0, 0, 0, 0, 0)
+    before = FrontendReading(counts, 0, 1000.0)
+    held_requests = [held(n, "a", True) for n in range(8)]
+    assert each_prompt(FrontendReading(counts, 0, 1000.0 + 8 * 23), before, held_requests) == 23
+    for rise in (0, 8 * 23 + 1):
+        with pytest.raises(CaseFailure, match="each re-issued context, is unknown"):
+            each_prompt(FrontendReading(counts, 0, 1000.0 + rise), before, held_requests)
