@@ -2,15 +2,13 @@
 PYTHONPATH) whose cases are made not proven for real: each request goes through the altering
 proxy in its `burst` mode (the faulted worker's last frame reaches the client after the new
 worker received the request, back to back with the new worker's first, as a client that fell
-behind reads them) and the mocker's record of the context its workers received is left unread,
-so where the new worker's tokens begin is really ambiguous."""
+behind reads them), and the mocker keeps no record of the context its workers received (it
+keeps none by default), so where the new worker's tokens begin is really ambiguous."""
 
 from __future__ import annotations
 
 import pytest
 from altering_proxy import AlteringProxy, through_proxy
-
-from handoff_mocker import MockerBackend
 
 PATCH = pytest.MonkeyPatch()
 #: The proxies `through_proxy` starts, one per case, as it starts them: closed at the end.
@@ -19,7 +17,6 @@ STARTED: list[list[AlteringProxy]] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     STARTED.append(through_proxy(PATCH, "burst"))
-    PATCH.setattr(MockerBackend, "received_context", lambda self, worker, prompt: None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

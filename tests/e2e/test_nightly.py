@@ -39,8 +39,8 @@ def test_runs_what_can_run_and_says_why_the_rest_did_not(tmp_path):
 def test_a_backend_that_ran_nothing_fails_the_night(tmp_path):
     result = nightly(tmp_path, "-k", "no_such_case", plugins="example")
     assert result.returncode == 1
-    assert [c.strip() for c in row(result.stdout, "example").split("│")[2:6]] == [
-        "yes", "0", "0", "5",
+    assert [c.strip() for c in row(result.stdout, "example").split("│")[2:7]] == [
+        "yes", "0", "0", "0", "5",
     ]  # fmt: skip
 
 
@@ -49,8 +49,8 @@ def test_a_required_backend_that_did_not_run_fails_the_night(tmp_path):
     required: the night is red, with one line for each."""
     result = nightly(tmp_path, "-k", ONE_CASE, require=("vllm", "sglang"))
     assert result.returncode == 1, result.stdout[-3000:]
-    assert [c.strip() for c in row(result.stdout, "example").split("│")[2:6]] == [
-        "yes", "1", "0", "0",
+    assert [c.strip() for c in row(result.stdout, "example").split("│")[2:7]] == [
+        "yes", "1", "0", "0", "0",
     ]  # fmt: skip
     lines = [line for line in result.stdout.splitlines() if line.startswith("required backend")]
     assert len(lines) == 2, result.stdout[-3000:]

@@ -41,21 +41,23 @@ MAX_TOKENS = 48
 
 
 class SlowMocker(MockerBackend):
-    """The mocker decoding at `SPEEDUP_RATIO`, with a request of `MAX_TOKENS`."""
+    """The mocker decoding at `SPEEDUP_RATIO`, with a request of `MAX_TOKENS`, its workers
+    keeping the record of the context they received (`kv_record`; its ports bind every
+    address, so only these tests turn it on)."""
 
-    def __init__(self) -> None:
-        super().__init__(speedup_ratio=SPEEDUP_RATIO)
+    def __init__(self, kv_record: bool = True) -> None:
+        super().__init__(speedup_ratio=SPEEDUP_RATIO, kv_record=kv_record)
 
     def shape(self, case: Case, variant: int = 0) -> Shape:
         return replace(super().shape(case, variant), max_tokens=MAX_TOKENS)
 
 
 class NoRecordMocker(SlowMocker):
-    """The slowed mocker, its workers' record of the context they received left unread, as
-    for an engine that keeps none: the boundary is then told by timing alone."""
+    """The slowed mocker with no record of the context its workers received, as the mocker
+    runs by default and as an engine that keeps none: the boundary is told by timing alone."""
 
-    def received_context(self, worker, prompt):
-        return None
+    def __init__(self) -> None:
+        super().__init__(kv_record=False)
 
 
 @pytest.fixture

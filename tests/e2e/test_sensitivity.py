@@ -230,10 +230,10 @@ class CountedTransferMocker(MockerBackend):
     def output_seconds(self, case):
         return 4.0  # the whole kv_transfer request at the pace its warm-ups measure
 
-    def worker(self, role, case, model, ports, folder):
-        """Prefix caching off, as on the GPU engines: a warm-up leaves no prefix behind."""
-        launch = super().worker(role, case, model, ports, folder)
-        return replace(launch, argv=[*launch.argv, "--no-enable-prefix-caching"])
+    def engine(self, role, case):
+        """Prefix caching off, as on the GPU engines: a warm-up leaves no prefix behind. (The
+        mocker reads its engine's settings from its engine-args file alone.)"""
+        return {**super().engine(role, case), "enable_prefix_caching": False}
 
 
 @pytest.mark.parametrize(

@@ -133,7 +133,9 @@ class MockerBackend(Backend):
         "decode_load": ("prefill", "decode", "decode", "decode"),
     }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
-    #: from (`received_context`). A decode worker stores no KV blocks of its own and has none.
+    #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every
+    #: address, a bind address fixed in its runtime, and handoff's servers bind loopback only.
+    #: A decode worker stores no KV blocks of its own and has none.
     worker_ports = ("system", "kv_events", "kv_replay")
     role_ports: ClassVar[dict[str, tuple[str, ...]]] = {"decode": ("system",)}
     migration_counts = "exact"
@@ -158,8 +160,15 @@ class MockerBackend(Backend):
         "fresh_deployments", "spare_workers", "durations_file", "load_requests",
     )  # fmt: skip
 
-    def __init__(self, speedup_ratio: float = SPEEDUP_RATIO) -> None:
+    def __init__(self, speedup_ratio: float = SPEEDUP_RATIO, kv_record: bool = False) -> None:
+        """`kv_record`: the workers keep and replay their KV blocks' token ids, the record of
+        the context a migrated request's new worker received (`received_context`); off by
+        default, since their replay port binds every address (see `worker_ports`)."""
         self.speedup_ratio = speedup_ratio
+        self.kv_record = kv_record
+
+    def ports_of(self, role: str) -> tuple[str, ...]:
+        return super().ports_of(role) if self.kv_record else ("system",)
 
     def check_environment(self) -> None:
         if importlib.util.find_spec("dynamo") is None:
@@ -198,7 +207,7 @@ class MockerBackend(Backend):
             "worker_type": {"aggregate": "aggregated"}.get(role, role),
             "kv_transfer_bytes_per_token": KV_BYTES_PER_TOKEN,
             "emit_kv_events": True,
-            "emit_kv_token_ids": True,
+            "emit_kv_token_ids": self.kv_record,
         }
         if case.topology == "kv_transfer":
             engine["max_model_len"] = KV_CONTEXT

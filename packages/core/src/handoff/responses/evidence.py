@@ -122,9 +122,9 @@ def migration_evidence(
     """What the re-issued context is judged with beside the stream: the prompt's length as the
     frontend tokenized it (`prompt`), when the fault was sent, which other worker of the faulted
     role logged receiving it, whether the frontend counted a move, what that worker's engine
-    holds after the prompt of `request_made` (`Backend.received_context`), and the least time any first
-    token of the case takes (its simulated KV transfer). `label` goes on the history's event:
-    which of many requests it was."""
+    holds after the prompt of `request_made` (`Backend.received_context`), and the least time
+    any first token of the case takes (its simulated KV transfer). `label` goes on the
+    history's event: which of many requests it was."""
     backend, role = deployment.backend, topology(case.topology).target_role
     fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
     others = {w.name: w for w in deployment.workers if w.role == role and w is not holder}
