@@ -271,11 +271,8 @@ class LongRequestMocker(CountedTransferMocker):
     def output_seconds(self, case):
         return 60.0  # more than 600 tokens take: the shape's stand
 
-    def worker(self, role, case, model, ports, folder):
-        launch = super().worker(role, case, model, ports, folder)
-        argv = list(launch.argv)
-        argv[argv.index("--max-model-len") + 1] = "2048"
-        return replace(launch, argv=argv)
+    def engine(self, role, case):
+        return {**super().engine(role, case), "max_model_len": 2048}
 
 
 def test_a_counter_that_counts_only_the_earlier_requests_transfers_fails_the_case(tmp_path):
