@@ -213,6 +213,24 @@ def test_a_pause_that_does_not_stand_out_from_the_streams_stalls_leaves_the_chec
     assert "checked only that the context holds the 7 tokens the client read before" in unmade
 
 
+def test_a_text_equal_to_what_it_owes_settles_a_boundary_timing_cannot():
+    """With a reference (or a deterministic baseline), a text equal to it token for token has
+    lost and repeated nothing at the migration: the ambiguous boundary is a note, not a check
+    unmade; a text that departs from it fails, naming where."""
+    response = recorded()
+    owed = response.text
+    moved = migration(response, LATE)
+    result = check(response, RECORDED["max_tokens"], COUNT, baseline=owed, migration=moved)
+    assert result.problems == result.unproven == []
+    assert any(
+        n.endswith("settled by the text: it equals the undisturbed baseline token for token")
+        for n in result.notes
+    )
+    departed = owed.replace(" ", "  ", 1)
+    result = check(response, RECORDED["max_tokens"], COUNT, baseline=departed, migration=moved)
+    assert result.problems and result.problems[0].startswith("the migrated text departs from")
+
+
 def test_the_recorded_context_is_the_prompt_plus_the_tokens_before_the_pause():
     response = later(recorded(), 8, 0.010)  # a 37.5 ms pause: 2.7x the longest other gap
     result = check(response, RECORDED["max_tokens"], COUNT, migration=migration(response, LATE))

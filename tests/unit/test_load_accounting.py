@@ -10,7 +10,6 @@ from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History, percentile, resumption_s
-from handoff.metrics import FrontendReading, MigrationCounts
 from handoff.policies import expected_outcome
 from handoff.responses.evidence import Owed, judged
 from handoff.responses.load import (
@@ -215,14 +214,21 @@ def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_th
     assert problems(None, False) == []  # a backend that knows no text judges the tokens alone
 
 
-def test_each_prompt_of_a_load_case_is_the_counts_rise_split_evenly_or_unknown():
+def test_each_prompt_of_a_load_case_is_what_the_uncut_requests_say_or_unknown():
     """The re-issued context of each moved load request is judged with its prompt's length as
-    the frontend tokenized it: the count's rise over the case's prompts, all of one length. A
-    rise that does not split evenly is no such reading: the case fails, naming it."""
-    counts = MigrationCounts(0, 0, 0, 0, 0)
-    before = FrontendReading(counts, 0, 1000.0)
-    held_requests = [held(n, "a", True) for n in range(8)]
-    assert each_prompt(FrontendReading(counts, 0, 1000.0 + 8 * 23), before, held_requests) == 23
-    for rise in (0, 8 * 23 + 1):
+    the frontend tokenized it: what every request the fault did not cut says in its usage, the
+    case's prompts being of one length. Where they disagree, or none says, the case fails,
+    naming it."""
+    requests = [held(n, "a", True) for n in range(4)]
+
+    def saying(usage: dict | None) -> Response:
+        frame = {"id": "x", "choices": [], **({"usage": usage} if usage else {})}
+        return Response(status=200, chunks=[Chunk(0.0, frame)])
+
+    for h, said in zip(requests, (23, 23, 31, 23), strict=True):
+        h.inflight.response = saying({"prompt_tokens": said})
+    assert each_prompt(requests, cut=[requests[2]]) == 23  # 31: its prompt and 8 carried
+    for unsaid in ({"prompt_tokens": 24}, None):  # another length; none at all
+        requests[1].inflight.response = saying(unsaid)
         with pytest.raises(CaseFailure, match="each re-issued context, is unknown"):
-            each_prompt(FrontendReading(counts, 0, 1000.0 + rise), before, held_requests)
+            each_prompt(requests, cut=[requests[2]])

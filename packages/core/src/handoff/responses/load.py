@@ -239,7 +239,6 @@ def judge_load(
         deployment.model_name,
         loaded.before,
     )
-    prompt = each_prompt(metrics.FrontendReading.read(metrics_url, model), before, loaded.held)
     outcome = expected_outcome(where.fault_window, case.policy, case.fault)
     expected = expected_counts(outcome, len(cut), len(loaded.held))
     mode = backend.migration_counts
@@ -252,6 +251,7 @@ def judge_load(
         response = h.inflight.response
 
         def moved(h: Held = h, response: Response = response) -> continuity.Migration:
+            prompt = each_prompt(loaded.held, cut)
             return evidence.migration_evidence(
                 deployment, case, h.request, victim, response, prompt, counts.moves > 0,
                 history, request=h.n,
@@ -279,19 +279,18 @@ def judge_load(
     )
 
 
-def each_prompt(
-    after: metrics.FrontendReading, before: metrics.FrontendReading, held: list[Held]
-) -> float:
-    """Each request's prompt as the frontend tokenized it: the case's prompts are of one length
-    (`Backend.shape`), so the count's rise over them, split evenly. A rise that does not split
-    evenly is not that: the re-issued contexts cannot be judged."""
-    rose = after.prompt_tokens - before.prompt_tokens
-    if rose <= 0 or rose % len(held):
+def each_prompt(held: list[Held], cut: list[Held]) -> int:
+    """Each request's prompt as the frontend tokenized it: a request the fault did not cut was
+    never re-issued, so its usage says its prompt alone, and the case's prompts are of one
+    length (`Backend.shape`). Where they do not agree, or none says, it is unknown: the
+    re-issued contexts cannot be judged, and the case fails, saying so."""
+    said = {(h.inflight.response.usage or {}).get("prompt_tokens") for h in held if h not in cut}
+    if len(said) != 1 or None in said:
         raise CaseFailure(
-            f"the frontend's prompt count rose by {rose:g} for {len(held)} prompts of one "
-            f"length: each prompt's length, and so each re-issued context, is unknown"
+            f"the requests the fault did not cut give prompt lengths {sorted(map(str, said))}, "
+            f"not one: each prompt's length, and so each re-issued context, is unknown"
         )
-    return rose / len(held)
+    return int(said.pop())
 
 
 def handed_over_at_sigterm(
