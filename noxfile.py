@@ -40,7 +40,13 @@ def tests(session: nox.Session) -> None:
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
     # more than any), not on the CPU, and the container tests' group holds one worker for its
     # image build (benchmarks/RESULTS.md).
-    session.run("pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "6", *session.posargs)
+    # The pre-merge cases collected here (tests/e2e/test_qualification.py) run six at a time on
+    # two cores, where a migration's boundary can be left unproven: reported as skipped, with
+    # why. The main job (mocker_pre_merge) is where not proven fails the run.
+    session.run(
+        "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "6", "--handoff-allow-unproven",
+        *session.posargs,
+    )  # fmt: skip
 
 
 #: Debian's packages the tests need, by the binary each provides: the report test renders its

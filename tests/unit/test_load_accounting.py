@@ -214,21 +214,20 @@ def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_th
     assert problems(None, False) == []  # a backend that knows no text judges the tokens alone
 
 
-def test_each_prompt_of_a_load_case_is_what_the_uncut_requests_say_or_unknown():
+def test_each_prompt_of_a_load_case_is_the_least_usage_says_or_unknown():
     """The re-issued context of each moved load request is judged with its prompt's length as
-    the frontend tokenized it: what every request the fault did not cut says in its usage, the
-    case's prompts being of one length. Where they disagree, or none says, the case fails,
-    naming it."""
+    the frontend tokenized it: the least usage.prompt_tokens of the case's requests, whose
+    prompts are of one length (a re-issued one says its prompt and what its context carried).
+    A request that says none makes it unknown, and the case fails, naming it."""
     requests = [held(n, "a", True) for n in range(4)]
 
     def saying(usage: dict | None) -> Response:
         frame = {"id": "x", "choices": [], **({"usage": usage} if usage else {})}
         return Response(status=200, chunks=[Chunk(0.0, frame)])
 
-    for h, said in zip(requests, (23, 23, 31, 23), strict=True):
+    for h, said in zip(requests, (23, 58, 31, 23), strict=True):
         h.inflight.response = saying({"prompt_tokens": said})
-    assert each_prompt(requests, cut=[requests[2]]) == 23  # 31: its prompt and 8 carried
-    for unsaid in ({"prompt_tokens": 24}, None):  # another length; none at all
-        requests[1].inflight.response = saying(unsaid)
-        with pytest.raises(CaseFailure, match="each re-issued context, is unknown"):
-            each_prompt(requests, cut=[requests[2]])
+    assert each_prompt(requests) == 23  # 58 and 31: their prompt and what they carried
+    requests[1].inflight.response = saying(None)
+    with pytest.raises(CaseFailure, match=r"request 1 gives no usage\.prompt_tokens"):
+        each_prompt(requests)

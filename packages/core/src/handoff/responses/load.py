@@ -251,7 +251,7 @@ def judge_load(
         response = h.inflight.response
 
         def moved(h: Held = h, response: Response = response) -> continuity.Migration:
-            prompt = each_prompt(loaded.held, cut)
+            prompt = each_prompt(loaded.held)
             return evidence.migration_evidence(
                 deployment, case, h.request, victim, response, prompt, counts.moves > 0,
                 history, request=h.n,
@@ -279,18 +279,19 @@ def judge_load(
     )
 
 
-def each_prompt(held: list[Held], cut: list[Held]) -> int:
-    """Each request's prompt as the frontend tokenized it: a request the fault did not cut was
-    never re-issued, so its usage says its prompt alone, and the case's prompts are of one
-    length (`Backend.shape`). Where they do not agree, or none says, it is unknown: the
-    re-issued contexts cannot be judged, and the case fails, saying so."""
-    said = {(h.inflight.response.usage or {}).get("prompt_tokens") for h in held if h not in cut}
-    if len(said) != 1 or None in said:
+def each_prompt(held: list[Held]) -> int:
+    """Each request's prompt as the frontend tokenized it: the case's prompts are of one length
+    (`Backend.shape`), a request never re-issued says it in its usage, and one re-issued says
+    it and the tokens its context carried: the least any says. (A request the fault did not cut
+    may be re-issued too, by a second fault.) Where one says none, it is unknown: the case
+    fails, saying so."""
+    said = [(h.inflight.response.usage or {}).get("prompt_tokens") for h in held]
+    if None in said:
         raise CaseFailure(
-            f"the requests the fault did not cut give prompt lengths {sorted(map(str, said))}, "
-            f"not one: each prompt's length, and so each re-issued context, is unknown"
+            f"request {said.index(None)} gives no usage.prompt_tokens: each prompt's length, "
+            f"and so each re-issued context, is unknown"
         )
-    return int(said.pop())
+    return min(said)
 
 
 def handed_over_at_sigterm(
