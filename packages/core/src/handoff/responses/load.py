@@ -283,13 +283,13 @@ def each_prompt(held: list[Held]) -> int:
     """Each request's prompt as the frontend tokenized it: the case's prompts are of one length
     (`Backend.shape`), a request never re-issued says it in its usage, and one re-issued says
     it and the tokens its context carried: the least any says. (A request the fault did not cut
-    may be re-issued too, by a second fault.) Where one says none, it is unknown: the case
-    fails, saying so."""
-    said = [(h.inflight.response.usage or {}).get("prompt_tokens") for h in held]
-    if None in said:
+    may be re-issued too, by a second fault; a stream its client dropped says nothing.) Where
+    none says it, it is unknown: the case fails, saying so."""
+    said = [n for h in held if (n := (h.inflight.response.usage or {}).get("prompt_tokens"))]
+    if not said:
         raise CaseFailure(
-            f"request {said.index(None)} gives no usage.prompt_tokens: each prompt's length, "
-            f"and so each re-issued context, is unknown"
+            "no request gives usage.prompt_tokens: each prompt's length, and so each "
+            "re-issued context, is unknown"
         )
     return min(said)
 
