@@ -34,7 +34,7 @@ from handoff_vllm import VllmBackend, cpu, tiny_model
 #: The engine-native flags of a CPU worker: the GPU worker's, less the GPU-only ones, plus
 #: the model inside the engine process.
 GPU_ONLY = {"--num-gpu-blocks-override", "--gpu-memory-utilization"}
-CPU_ONLY = {"--distributed-executor-backend"}
+CPU_ONLY = {"--distributed-executor-backend", "--dtype"}
 CPU_NATIVE = {**NATIVE["vllm"], "all": NATIVE["vllm"]["all"] - GPU_ONLY | CPU_ONLY}
 
 
@@ -80,6 +80,8 @@ def test_cpu_workers_pass_dynamo_its_flags_and_no_gpu_flag(
         assert flags(leftover) == CPU_NATIVE["all"] | CPU_NATIVE.get(worker["role"], set())
         assert args.request_plane == plane and args.discovery_backend == "file"
         assert argv[argv.index("--block-size") + 1] == "32"  # CPU attention: a multiple of 32
+        # Not vLLM's CPU default, bfloat16, whose rounding would hide the context's fingerprint.
+        assert argv[argv.index("--dtype") + 1] == "float32"
         # The model runs in the engine process: no busy-polled queue to a VLLM::Worker.
         assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
         assert argv[argv.index("--model") + 1] == str(tiny)

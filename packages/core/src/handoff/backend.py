@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -65,6 +65,10 @@ class Shape:
     prompt_tokens: int
     max_tokens: int
     guide: Guide | None = None
+
+
+#: Judges a response's top log-probabilities, token by token: where they first depart, or None.
+LogprobJudge = Callable[[list[dict[str, float]]], str | None]
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,17 @@ class Backend(ABC):
         definition rather than by the deployment under test; None where the backend has none
         (a deterministic backend's response is then compared with an undisturbed baseline
         that the deployment serves first)."""
+        return None
+
+    def top_logprobs(self, case: Case) -> int:
+        """How many of the most likely tokens' log-probabilities each generated token of
+        `case`'s request carries back, for `logprob_judge`; 0 (none asked) by default."""
+        return 0
+
+    def logprob_judge(self, api: str, shape: Shape) -> LogprobJudge | None:
+        """What judges the top log-probabilities of each token of `shape`'s response (by token
+        text, in order) against the backend's own computation of the model, returning where
+        they first depart, or None; None where the backend computes none."""
         return None
 
     def output_seconds(self, case: Case) -> float | None:

@@ -83,6 +83,9 @@ class Request:
     #: `n`: how many completions of the prompt to generate. Above 1 the frontend requires a
     #: temperature above 0, so the output is drawn, not the model's one best.
     choices: int = 1
+    #: How many of the most likely tokens' log-probabilities each generated token carries back
+    #: (`Backend.top_logprobs`); 0 asks for none.
+    top_logprobs: int = 0
 
     @property
     def path(self) -> str:
@@ -107,6 +110,10 @@ class Request:
             body.update(self.guide.fields(self.api))
         if self.choices > 1:
             body.update(n=self.choices, temperature=1.0)
+        if self.top_logprobs and self.api == "chat":
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+        elif self.top_logprobs:
+            body["logprobs"] = self.top_logprobs
         return body
 
 
@@ -130,6 +137,20 @@ class Chunk:
         if "message" in choice:
             return choice["message"].get("content") or ""
         return choice.get("text") or ""
+
+    @property
+    def top_logprobs(self) -> list[dict[str, float]] | None:
+        """The top log-probabilities of each token of this chunk, by token text, in the OpenAI
+        shape of its API; None where the chunk carries none."""
+        logprobs = self.choice.get("logprobs")
+        if not isinstance(logprobs, dict):
+            return None
+        if "content" in logprobs:  # chat: a list of tokens, each with its top list
+            return [
+                {top["token"]: top["logprob"] for top in token.get("top_logprobs") or []}
+                for token in logprobs["content"] or []
+            ]
+        return [dict(top or {}) for top in logprobs.get("top_logprobs") or []]
 
 
 @dataclass
@@ -158,6 +179,15 @@ class Response:
     @property
     def text(self) -> str:
         return "".join(c.text for c in self.chunks)
+
+    @property
+    def top_logprobs(self) -> list[dict[str, float]] | None:
+        """The top log-probabilities of every generated token, in order; None where no chunk
+        carries any."""
+        found = [c.top_logprobs for c in self.chunks]
+        if all(tops is None for tops in found):
+            return None
+        return [token for tops in found for token in tops or []]
 
     @property
     def finish_reason(self) -> str | None:

@@ -71,3 +71,12 @@ def token_ids(text: str) -> list[int] | None:
 
 def write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def token_id(word: str) -> int | None:
+    """The id of `word` (`tN`, with or without the space the detokenizer puts before it), or
+    None where it is not a word of this tokenizer."""
+    word = word.strip()
+    if word[:1] == "t" and word[1:].isdigit() and int(word[1:]) < WORDS:
+        return int(word[1:])
+    return None

@@ -50,7 +50,7 @@ from handoff.gpu_backend import (
 from handoff.machine.environment import require_engine, require_modules
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
-from handoff_vllm import cpu, rule, tiny_model
+from handoff_vllm import cpu, fingerprint, rule, tiny_model
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
 KV_CACHE_BYTES = 331_711_000
@@ -219,11 +219,40 @@ class VllmBackend(DynamoGpuBackend):
         its guide, the guide's opening word, then the rule's continuation after it."""
         if not self.builds_model:
             return None
-        opening = [cpu.GUIDE_OPENING] if shape.guide is not None else []
-        context = rule.context_of(shape.prompt, api) + opening
-        tokens = opening + rule.continuation(context, shape.max_tokens - len(opening))
+        _, output = self.reference_tokens(api, shape)
         # Dynamo's detokenizer gives every word of the output with its leading space.
-        return "".join(f" {w}" for w in rule.words(tokens))
+        return "".join(f" {w}" for w in rule.words(output))
+
+    def reference_tokens(self, api: str, shape) -> tuple[list[int], list[int]]:
+        """The context the engine is given for `shape`'s request, and the output it owes."""
+        opening = [cpu.GUIDE_OPENING] if shape.guide is not None else []
+        context = rule.context_of(shape.prompt, api)
+        return context, opening + rule.continuation(
+            context + opening, shape.max_tokens - len(opening)
+        )
+
+    def top_logprobs(self, case) -> int:
+        return fingerprint.TOP_LOGPROBS if self.builds_model else 0
+
+    def logprob_judge(self, api: str, shape):
+        """The built-in model's log-probabilities as handoff computes them
+        (handoff_vllm.fingerprint), against what the engine returned for each token."""
+        if not self.builds_model:
+            return None
+        context, output = self.reference_tokens(api, shape)
+
+        def judge(observed: list[dict[str, float]]) -> str | None:
+            by_id = []
+            for at, top in enumerate(observed):
+                ids = {word_tokenizer.token_id(word): value for word, value in top.items()}
+                if None in ids:
+                    return (
+                        f"token {at + 1}'s log-probabilities name a word outside the model: {top}"
+                    )
+                by_id.append(ids)
+            return fingerprint.departure(context, output, by_id)
+
+        return judge
 
     def output_seconds(self, case) -> float | None:
         """On the CPU, where the pace differs most between machines: `max_tokens` is then

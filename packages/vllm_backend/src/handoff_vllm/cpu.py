@@ -50,7 +50,11 @@ ENV = {
     # With the default multiprocessing, vLLM's CPU platform swaps `uni` for `mp`.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
+#: float32: vLLM's CPU platform would downcast the model to bfloat16, whose rounding (a
+#: sixteenth of a log-probability, seen) would hide the context's fingerprint
+#: (handoff_vllm.fingerprint) in noise.
 FLAGS = [
+    "--dtype", "float32",
     "--block-size", str(BLOCK_TOKENS),
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip

@@ -1,7 +1,8 @@
 """The evidence every request of every workload gets once its response has ended, so that no
 workload can skip a check: what the user got against the policy (verdict.request_problems),
-and, for a response that completed, its tokens against the reference or baseline, its guide,
-and, after a move, the context the frontend re-issued (continuity)."""
+and, for a response that completed, its tokens against the reference or baseline, their
+log-probabilities against the backend's computation of the model, its guide, and, after a move,
+the context the frontend re-issued (continuity)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from handoff import continuity
-from handoff.backend import Backend, Worker
+from handoff.backend import Backend, LogprobJudge, Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import Request, Response
 from handoff.deployment import Deployment
@@ -25,10 +26,19 @@ class Owed:
 
     text: str | None
     compared_with: str
+    #: Judges the top log-probabilities of each token, where the request asked for them.
+    logprobs: LogprobJudge | None = None
 
 
 #: A request whose text handoff does not know (a random engine, several choices).
 NO_TEXT = Owed(None, "")
+
+
+def owing(backend: Backend, request: Request, shape: Shape, text: tuple[str | None, str]) -> Owed:
+    """What `request` owes: `text` and what it is called (`waits.reference_text`), and where it
+    asked for log-probabilities, the backend's judge of them."""
+    judge = backend.logprob_judge(request.api, shape) if request.top_logprobs else None
+    return Owed(*text, logprobs=judge)
 
 
 def judged(
@@ -84,11 +94,23 @@ def content(
         migration=migration,
         ids=backend.output_token_ids,
     )
+    if owed.logprobs is not None:
+        kept.problems += logprob_problems(response, request.top_logprobs, owed.logprobs)
     if request.guide is not None and not backend.decodes_guides:
         kept.notes.append(guide_unchecked(backend))
     elif request.guide is not None:
         kept.problems += guided_problems(request, response.text, owed.text)
     return kept
+
+
+def logprob_problems(response: Response, asked: int, judge: LogprobJudge) -> list[str]:
+    """Where the response's log-probabilities depart from the backend's computation; a response
+    that carries none, though asked, fails (a reading that is missing is no agreement)."""
+    observed = response.top_logprobs
+    if observed is None:
+        return [f"the response carries no log-probabilities; the request asked for {asked}"]
+    departure = judge(observed)
+    return [departure] if departure else []
 
 
 def guide_unchecked(backend: Backend) -> str:

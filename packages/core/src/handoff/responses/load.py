@@ -138,18 +138,18 @@ def send_load(
     the frontend, and send them all at once."""
     backend, where, model = deployment.backend, topology(case.topology), deployment.model_name
     shapes, pace = sized_shapes(deployment, case, variant, deadline, history)
+    top = backend.top_logprobs(case)
     requests = [
-        Request(case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()))
+        Request(
+            case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()), top_logprobs=top
+        )
         for n, s in enumerate(shapes)
     ]
-    owed = [
-        evidence.Owed(
-            *waits.reference_text(
-                deployment, case.api, s, replace(r, request_id=None), deadline, history
-            )
-        )
-        for s, r in zip(shapes, requests, strict=True)
-    ]
+    owed = []
+    for s, r in zip(shapes, requests, strict=True):
+        baseline = replace(r, request_id=None)
+        text = waits.reference_text(deployment, case.api, s, baseline, deadline, history)
+        owed.append(evidence.owing(backend, r, s, text))
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", model)
     read_timeout_s = deadline.remaining() + waits.CLIENT_GRACE_S
     held = [

@@ -121,6 +121,7 @@ def plan(
         case.api, case.response == "stream", deployment.model_name, shape.prompt,
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
+        top_logprobs=backend.top_logprobs(case) if where.request != "choices" else 0,
     )  # fmt: skip
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
@@ -132,7 +133,7 @@ def plan(
     owed = evidence.NO_TEXT
     if request.choices == 1:
         text = reference_text(deployment, case.api, shape, request, deadline, history)
-        owed = evidence.Owed(*text)
+        owed = evidence.owing(backend, request, shape, text)
     if shape.guide is not None and backend.decodes_guides:
         guide_kept(deployment, request, owed, deadline, history)
     return Planned(request, shape, pace, owed)

@@ -1,0 +1,54 @@
+"""Loaded by a vLLM worker whose PYTHONPATH holds this folder (tests that break a migration on
+purpose): the worker's engine is given a wrong context, as a broken migration or KV transfer
+would deliver it. `HANDOFF_PERTURB` names the perturbation (perturbations.py),
+`HANDOFF_PERTURB_PROMPT` the prompt's length in tokens; a request is perturbed when it holds
+more than `HANDOFF_PERTURB_ABOVE` tokens (the prompt's length: only a re-issued request, whose
+context holds what was generated before the move; 0: every request, for a prefill worker whose
+KV the decode worker then reads). Each perturbed request is logged to the worker's stderr."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+from perturbations import perturbations
+
+HANDLERS = "dynamo.vllm.handlers"
+
+
+def perturbing(generate):
+    name, prompt = os.environ["HANDOFF_PERTURB"], int(os.environ["HANDOFF_PERTURB_PROMPT"])
+    above, chat = int(os.environ["HANDOFF_PERTURB_ABOVE"]), os.environ["HANDOFF_PERTURB_CHAT"]
+
+    async def perturbed(self, request, context):
+        tokens = request.get("token_ids") or []
+        if len(tokens) > above:
+            wrong = perturbations(prompt, len(tokens) - prompt, chat == "1")[name](list(tokens))
+            request["token_ids"] = wrong
+            print(f"handoff-test: {name}: {len(tokens)} tokens -> {len(wrong)}", file=sys.stderr)
+        async for chunk in generate(self, request, context):
+            yield chunk
+
+    return perturbed
+
+
+class _Perturbing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != HANDLERS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            for handler in (module.DecodeWorkerHandler, module.PrefillWorkerHandler):
+                handler.generate = perturbing(handler.generate)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("HANDOFF_PERTURB"):
+    sys.meta_path.insert(0, _Perturbing())
