@@ -1,6 +1,7 @@
-"""The built-in model's weights compute its rule (handoff_vllm.rule), run by transformers, an
-implementation that is neither vLLM nor handoff: on every pre-merge request shape, and on the
-contexts a migration can get wrong. A context that lost its prompt or one generated token is
+"""The built-in model's weights compute its rule (handoff_vllm.rule) and the log-probabilities
+handoff computes (handoff_vllm.fingerprint), run by transformers, an implementation that is
+neither vLLM nor handoff: on every pre-merge request shape, and on the contexts a migration can
+get wrong. A context that lost its prompt or one generated token is
 what Dynamo's frontend cannot be made to send on purpose, so it is shown here, offline: the
 weights continue it differently, and the verdict's continuity check fails it against the
 reference, naming the token."""
@@ -12,7 +13,7 @@ from wrong_contexts import WITHIN, perturbed, pre_merge_requests
 
 from handoff import continuity, word_tokenizer
 from handoff.client import Chunk, Response
-from handoff_vllm import rule, tiny_model
+from handoff_vllm import fingerprint, rule, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,25 @@ def as_stream(tokens: list[int]) -> Response:
 def test_the_weights_give_the_rule_on_every_pre_merge_request(weights, requests_):
     for name, context, output in requests_:
         assert greedy(weights, context, 64) == output[:64], name
+
+
+def test_the_weights_compute_what_handoff_computes_within_a_tenth_of_the_tolerance(
+    weights, requests_
+):
+    """transformers, float32, on the weights as written, against handoff_vllm.fingerprint:
+    the log-probabilities the verdict judges, not only the top token."""
+    import torch
+
+    for name, context, output in requests_:
+        tokens = context + output[:255]
+        with torch.no_grad():
+            logits = weights(torch.tensor([tokens])).logits[0, len(context) - 1 :].double()
+        read = torch.log_softmax(logits, -1).numpy()
+        computed = fingerprint.logprobs(tokens, len(context) - 1)
+        top = computed.argsort(-1)[:, -fingerprint.TOP_LOGPROBS :]
+        rows = range(len(top))
+        gap = max(abs(read[i, top[i]] - computed[i, top[i]]).max() for i in rows)
+        assert gap < fingerprint.TOLERANCE / 10, f"{name}: {gap:.2e}"
 
 
 def test_a_wrong_context_continues_off_the_reference_and_fails_the_case(weights, requests_):
