@@ -16,9 +16,9 @@ from handoff_vllm.weights import HEAD_DIM, HEADS, RMS_EPS, ROPE_THETA
 
 #: How many log-probabilities the engine returns for each token.
 TOP_LOGPROBS = 5
-#: How far the engine's log-probabilities may be from this computation: ten times the largest
+#: How far the engine's log-probabilities may be from this computation: over ten times the largest
 #: difference benchmarks/model_margin.py measured between vLLM's CPU engine and it.
-TOLERANCE = 6e-4
+TOLERANCE = 7e-4
 
 
 def rms(x: np.ndarray) -> np.ndarray:
