@@ -90,6 +90,7 @@ PUBLISHED_PRE_MERGE = {
         "close_after_move-completion-tcp",
         "close_in_stall-chat-tcp",
     ],
+    "decode_race": ["worker_stall-chat-tcp"],
 }
 
 

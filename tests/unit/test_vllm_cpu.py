@@ -104,6 +104,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "load": aggregate,
         "guided": aggregate,
         "abandoned": aggregate,
+        "decode_race": ("prefill", "decode", "decode"),
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

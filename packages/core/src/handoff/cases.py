@@ -177,6 +177,10 @@ class Topology:
     load: bool = False
     #: What the request asks for besides its text: "plain" (nothing), or one of `MAY_NOT_MOVE`.
     request: str = "plain"
+    #: The silent worker runs again the instant the frontend counts the move, and the lifecycle
+    #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
+    #: worker waits for the successor's first token.
+    heal_at_move: bool = False
 
     @property
     def id_axes(self) -> tuple[str, ...]:
@@ -304,6 +308,32 @@ ABANDONED = Topology(
         "close_in_stall-chat-tcp",
     ),
     pre_merge_promise=Promise(each_value_of=("fault",)),
+)
+
+#: Dynamo 1.6.1's race of the re-issued request, on purpose: a decode worker stalled and resumed
+#: the instant the frontend counts the move misses the cancellation, and the request re-issued
+#: under the same id waits behind the one it lost (docs/known-issues.md).
+DECODE_RACE = Topology(
+    name="decode_race",
+    target_role="decode",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "fault",
+            ("worker_stall", "partition"),
+            "the race is a silent worker's that runs again at the instant of the move",
+        ),
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "the race is in the move itself; the policies are qualified by the decode cases",
+        ),
+        Restriction("response", ("stream",), "the race cuts a stream short: a stream shows it"),
+    ),
+    omitted_from_id=("policy", "response"),
+    pre_merge_ids=("worker_stall-chat-tcp",),
+    pre_merge_promise=Promise(values_of=(("fault", ("worker_stall",)),)),
+    heal_at_move=True,
 )
 
 TOPOLOGIES: dict[str, Topology] = {
@@ -457,6 +487,7 @@ TOPOLOGIES: dict[str, Topology] = {
             pre_merge_ids=(),
             pre_merge_promise=Promise(),
         ),
+        DECODE_RACE,
     )
 }
 

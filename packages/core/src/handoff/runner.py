@@ -148,6 +148,8 @@ def deploy_and_exercise(
         if topology(case.topology).load
         else abandon.exercise_abandon
         if case.fault in ABANDONS
+        else single.exercise_race
+        if topology(case.topology).heal_at_move
         else single.exercise_one
     )
     return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))

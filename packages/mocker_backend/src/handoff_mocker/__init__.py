@@ -132,6 +132,11 @@ class MockerBackend(Backend):
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),
     }
+    unsupported: ClassVar[dict[str, str]] = {
+        "decode_race": "the mocker's workers take the frontend's cancellation the moment they "
+        "run again, so the race never shows (docs/known-issues.md): qualified on vLLM's CPU "
+        "engine",
+    }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every
     #: address, a bind address fixed in its runtime, and handoff's servers bind loopback only.

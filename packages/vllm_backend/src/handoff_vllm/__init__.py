@@ -136,8 +136,11 @@ class VllmBackend(DynamoGpuBackend):
         request and a client that leaves."""
         if not self.on_cpu:
             return dict(TOPOLOGIES)
-        aggregate = TOPOLOGIES["aggregate"]
-        return {**TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate}
+        aggregate, decode = TOPOLOGIES["aggregate"], TOPOLOGIES["decode"]
+        return {
+            **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
+            "decode_race": decode,
+        }  # fmt: skip
 
     @property
     def unsupported(self) -> dict[str, str]:  # type: ignore[override]

@@ -119,9 +119,14 @@ class Heal:
     again. Called again once the responses have ended, in case the frontend never counted the
     move: until then a stall stays a stall, so that a frontend that never moves it hangs."""
 
-    def __init__(self, holder: Worker, report: faults.FaultReport, history: History) -> None:
-        """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here."""
+    def __init__(
+        self, holder: Worker, report: faults.FaultReport, history: History, at_move: bool = False
+    ) -> None:
+        """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here. `at_move`:
+        a stalled worker too runs again the instant the move is counted (the race, on purpose:
+        cases.DECODE_RACE)."""
         self.holder, self.report, self.history = holder, report, history
+        self.at_move = at_move
         self.resume_by = time.monotonic() + RESUME_BY_S
         self.streamed_at_move: int | None = None
         self.done = False
@@ -132,6 +137,7 @@ class Heal:
             self.streamed_at_move = inflight.response.content_chunks
         if (
             self.report.fault not in STALLS
+            or self.at_move
             or inflight.response.content_chunks > self.streamed_at_move
             or inflight.finished
             or time.monotonic() >= self.resume_by
