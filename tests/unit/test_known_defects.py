@@ -1,18 +1,20 @@
 """A case that runs into a known upstream defect on purpose: judged by Dynamo's documented
 promise, it is a strict expected failure only when it fails with every sign of that defect and
 for no reason the defect does not explain. The reasons below are those real runs gave on Dynamo
-1.6.1 (the mocker's drain_expired and stall_past_lease cases, single and under load, 2026-12-04);
+1.6.1 (the mocker's drain_expired and stall_past_lease cases, single and under load, and the
+decode_race case on vLLM's CPU engine, 2026-12-04);
 tests/e2e/test_known_defects_hide_nothing.py makes a second failure happen beside each defect.
 A Dynamo that keeps the promise cannot be run here, so its pass is shown on a verdict."""
 
 import pytest
 
-from handoff.policies import KNOWN_DEFECTS
+from handoff.policies import KNOWN_DEFECTS, KNOWN_RACES
 from handoff.runs.results import CaseRecord, tally
 from handoff.verdict import Verdict, against_known_defect
 
 DRAIN = KNOWN_DEFECTS["drain_expired"]
 LEASE = KNOWN_DEFECTS["stall_past_lease"]
+RACE = KNOWN_RACES["decode_race"]
 
 #: The frontend's 500, as an SSE error frame and as an HTTP 500's body (with and without the
 #: details it sometimes adds).
@@ -113,9 +115,34 @@ UNROUTED = {
         never_routed("worker-2-decode", "{'backend/generate': 2, 'prefill/generate': 1}")
     ],
 }
-SEEN = [(DRAIN, key, reasons) for key, reasons in DRAINED.items()] + [
-    (LEASE, key, reasons) for key, reasons in UNROUTED.items()
-]
+#: The race of the re-issued request, seen (trial 2 of 17).
+RACED = {
+    "decode_race/worker_stall-chat-tcp": [
+        "finish_reason None, expected 'length'",
+        "None completion tokens in usage, expected 1536",
+        "the stream ended without its closing data: [DONE] frame",
+        "migration counter succeeded = 0, expected 1",
+        "0 finish reasons in the response, expected 1",
+        "the client received 24 tokens, expected 1536: 1512 lost",
+        "the response has no usage.prompt_tokens: the re-issued context is unknown",
+        "the migrated text departs from the reference at token 25 (character 137): ' t3055 t3333 "
+        "t876 t1844 t696 t3763 t2446' expected, '' received",
+    ],
+}
+SEEN = (
+    [(DRAIN, key, reasons) for key, reasons in DRAINED.items()]
+    + [(LEASE, key, reasons) for key, reasons in UNROUTED.items()]
+    + [(RACE, key, reasons) for key, reasons in RACED.items()]
+)
+#: Reasons like the race's that say something else went wrong: other tokens than the
+#: reference's, a token too many, a second success missing, an error frame.
+RACE_LOOKALIKES = {
+    "other tokens": "the migrated text departs from the reference at token 25 (character 137): "
+    "' t3055' expected, ' t3056' received",
+    "a repeated token": "the client received 1537 tokens, expected 1536: 1 repeated",
+    "two moves": "migration counter succeeded = 0, expected 2",
+    "an error frame": "the stream carried an error frame: {'message': 'x', 'code': 500}",
+}
 
 #: A second failure beside a defect, each a reason another check really gives.
 EXTRA = {
@@ -147,7 +174,7 @@ def test_every_reason_the_defect_explains_alone_is_that_defect(defect, key, reas
     assert verdict.reasons == reasons
 
 
-@pytest.mark.parametrize("defect", [DRAIN, LEASE], ids=lambda d: d.fault)
+@pytest.mark.parametrize("defect", [DRAIN, LEASE, RACE], ids=lambda d: d.issue)
 def test_every_pattern_of_a_defect_explains_a_reason_seen(defect):
     """No pattern is there for a reason no run gave."""
     seen = [r for d, _, reasons in SEEN if d is defect for r in reasons]
@@ -247,6 +274,14 @@ def test_a_reason_like_the_leases_that_says_more_went_wrong_is_a_plain_failure(l
         lookalike,
         f"not Dynamo issue 3493 alone: it does not explain: {lookalike}",
     ]
+
+
+@pytest.mark.parametrize("lookalike", RACE_LOOKALIKES.values(), ids=RACE_LOOKALIKES.keys())
+def test_a_reason_like_the_races_that_says_more_went_wrong_is_a_plain_failure(lookalike):
+    reasons = [*RACED["decode_race/worker_stall-chat-tcp"], lookalike]
+    verdict = judged(reasons, RACE)
+    assert verdict.upstream_defect == ""
+    assert verdict.reasons[-1] == f"not Dynamo issue 13088 alone: it does not explain: {lookalike}"
 
 
 def test_a_failure_without_every_sign_of_the_defect_stays_a_failure_as_it_was():

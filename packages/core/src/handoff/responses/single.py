@@ -83,12 +83,14 @@ def exercise_race(run: CaseRun) -> Verdict:
     """The lifecycle again and again on one deployment, each trial a request of its own prompt,
     until one fails (the race showed, judged against its known defect) or `RACE_TRIALS` pass
     (it did not: the strict expectation of the defect fails the case)."""
-    for trial in range(RACE_TRIALS):
-        run.history.record("trial", number=trial + 1, of=RACE_TRIALS)
-        verdict = judged_once(replace(run, variant=run.variant + trial))
+    for trial in range(1, RACE_TRIALS + 1):
+        run.history.record("trial", number=trial, of=RACE_TRIALS)
+        verdict = judged_once(replace(run, variant=run.variant + trial - 1))
         if not verdict.passed:
-            verdict.reasons.append(f"in trial {trial + 1} of {RACE_TRIALS}")
+            verdict.notes.append(f"trial {trial} of {RACE_TRIALS} failed")
             break
+    else:
+        verdict.notes.append(f"{RACE_TRIALS} trials passed")
     return against_known_defect(verdict, known_defect(run.case))
 
 
