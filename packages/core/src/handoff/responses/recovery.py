@@ -108,12 +108,13 @@ def record_fault(
 class Heal:
     """Heals a stalled or cut-off worker, once: SIGCONT, or the partition's rules removed.
 
-    A partition is healed as soon as the frontend has moved what the worker held, so that a
-    response still streaming from a successor is judged with the worker back (it must take no
-    late token from it). A stalled worker waits a little longer, until the successor has
-    streamed (`after_move`): resumed within milliseconds of the move, it can miss the
-    frontend's cancellation, decode the request it lost for seconds, and hold up the request
-    re-issued under the same id until the user's stream is closed (docs/known-issues.md).
+    Once the frontend has moved what the worker held, the worker runs again as soon as the
+    successor has streamed a token (`after_move`), so that the rest of the response is judged
+    with the worker back (it must take no late token from it). Not sooner: run again within
+    milliseconds of the move, it can miss the frontend's cancellation, decode the request it
+    lost for seconds, and hold up the request re-issued under the same id until the user's
+    stream is closed (docs/known-issues.md); a successor that has streamed is past that. The
+    race case (`at_move`) runs it again at the move, on purpose.
     Once the move is counted, it is back long before its discovery lease runs out
     (`RESUME_BY_S`): a stall that outlives it leaves Dynamo 1.6.1 never routing to the worker
     again. Called again once the responses have ended, in case the frontend never counted the
@@ -136,7 +137,7 @@ class Heal:
         if self.streamed_at_move is None:
             self.streamed_at_move = inflight.response.content_chunks
         if (
-            self.report.fault not in STALLS
+            self.report.fault not in SILENT
             or self.at_move
             or inflight.response.content_chunks > self.streamed_at_move
             or inflight.finished
