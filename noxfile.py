@@ -40,12 +40,13 @@ def tests(session: nox.Session) -> None:
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
     # more than any), not on the CPU (six kept two cores 78 % busy), and the container tests'
     # group holds one worker for its image build (benchmarks/RESULTS.md).
-    # The pre-merge cases collected here (tests/e2e/test_qualification.py) run eight at a time
-    # on two cores, where a migration's boundary can be left unproven: reported as skipped,
-    # with why. The main job (mocker_pre_merge) is where not proven fails the run.
+    # The cases run here, collected (tests/e2e/test_qualification.py) or by a test's own pytest
+    # (PYTEST_ADDOPTS reaches those), run eight at a time on two cores, where a migration's
+    # boundary can be left unproven: reported as skipped, with why. The main job
+    # (mocker_pre_merge) is where not proven fails the run.
     session.run(
-        "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "8", "--handoff-allow-unproven",
-        *session.posargs,
+        "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "8", *session.posargs,
+        env={"PYTEST_ADDOPTS": "--handoff-allow-unproven"},
     )  # fmt: skip
 
 

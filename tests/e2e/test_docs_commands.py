@@ -57,10 +57,7 @@ def test_a_documented_command_runs_as_written(command, tmp_path):
     module = {"handoff": "handoff.cli", "pytest": "pytest"}[words[0]]
     argv = [sys.executable, "-m", module, *words[1:]]
     if words[0] == "pytest":
-        # The suite runs many at once: a boundary its load leaves not proven is the main
-        # job's to fail, run alone.
         argv += ["-p", "no:cacheprovider", "--handoff-logs", str(tmp_path / "runs")]
-        argv += ["--handoff-allow-unproven"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     output = result.stdout[-3000:] + result.stderr[-2000:]
     if command in FAILS:

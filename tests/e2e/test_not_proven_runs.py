@@ -23,6 +23,7 @@ def qualify(logs: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], d
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "PYTEST_ADDOPTS": "",  # nox -s tests allows not proven there; this run decides itself
     }
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
