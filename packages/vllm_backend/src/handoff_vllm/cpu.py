@@ -127,7 +127,7 @@ KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core
 #: machine (39.0, 114.4, 109.6 and 78.5 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
-#: A race case runs up to 17 decode stalls (`responses.single.RACE_TRIALS`) on one deployment:
+#: A race case runs up to 24 decode stalls (`responses.single.RACE_TRIALS`) on one deployment:
 #: a decode stall is 15-25 s here.
 TIMEOUTS = {
     "aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0, "guided": 120.0,
