@@ -63,14 +63,8 @@ def count(text: str) -> int:
 def token_ids(text: str) -> list[int] | None:
     """The token ids of `text` of this tokenizer's words (`tN` is id N); None where a word is
     not one of them."""
-    words = text.split()
-    if not all(w[:1] == "t" and w[1:].isdigit() and int(w[1:]) < WORDS for w in words):
-        return None
-    return [int(w[1:]) for w in words]
-
-
-def write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    ids = [token_id(word) for word in text.split()]
+    return None if None in ids else ids
 
 
 def token_id(word: str) -> int | None:
@@ -80,3 +74,7 @@ def token_id(word: str) -> int | None:
     if word[:1] == "t" and word[1:].isdigit() and int(word[1:]) < WORDS:
         return int(word[1:])
     return None
+
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")

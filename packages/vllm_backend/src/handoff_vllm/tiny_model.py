@@ -38,14 +38,18 @@ CONTEXT_TOKENS = 4096
 #: the factor).
 ROPE_FACTOR = 1 / math.pi
 CONFIG = {
-    "hidden_size": 512,
-    "intermediate_size": 2048,
+    "hidden_size": weights.HIDDEN,
+    "intermediate_size": weights.INTERMEDIATE,
     "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
+    "num_attention_heads": weights.HEADS,
+    "num_key_value_heads": weights.HEADS,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": math.ceil(CONTEXT_TOKENS / ROPE_FACTOR),
-    "rope_parameters": {"rope_type": "linear", "factor": ROPE_FACTOR, "rope_theta": 10000.0},
+    "rope_parameters": {
+        "rope_type": "linear",
+        "factor": ROPE_FACTOR,
+        "rope_theta": weights.ROPE_THETA,
+    },
     "bos_token_id": BOS_ID,
     "eos_token_id": EOS_ID,
     "torch_dtype": "float32",

@@ -79,7 +79,7 @@ def recipe(seed: int) -> Weights:
     k[HEAD_DIM, CODE] = rng.standard_normal(WIDTH) / np.sqrt(WIDTH)
     v[HEAD_DIM : 2 * HEAD_DIM, CODE] = rng.standard_normal((HEAD_DIM, WIDTH)) / np.sqrt(WIDTH)
     o[PRINT, HEAD_DIM : 2 * HEAD_DIM] = rng.standard_normal((13, HEAD_DIM)) / np.sqrt(HEAD_DIM)
-    gate, up, down = np.zeros((INTERMEDIATE, HIDDEN)), np.zeros((INTERMEDIATE, HIDDEN)), None
+    gate, up = np.zeros((INTERMEDIATE, HIDDEN)), np.zeros((INTERMEDIATE, HIDDEN))
     gates = slice(0, WIDTH)
     gate[gates, PARITY], gate[gates, BIAS] = GATE, -GATE / 2
     up[gates, CODE] = rotation - np.eye(WIDTH)
