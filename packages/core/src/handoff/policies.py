@@ -240,8 +240,10 @@ KNOWN_RACES = {
 
 
 def known_defect(case) -> KnownDefect | None:
-    """The known defect `case` runs into on purpose: its topology's race, else its fault's."""
-    return KNOWN_RACES.get(case.topology) or KNOWN_DEFECTS.get(case.fault)
+    """The known defect `case` runs into on purpose: its topology's race where it is the race's
+    fault, else its fault's."""
+    race = KNOWN_RACES.get(case.topology)
+    return race if race and race.fault == case.fault else KNOWN_DEFECTS.get(case.fault)
 
 
 def policy(name: str) -> Policy:

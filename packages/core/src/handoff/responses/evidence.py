@@ -148,7 +148,10 @@ def migration_evidence(
     any first token of the case takes (its simulated KV transfer). `label` goes on the
     history's event: which of many requests it was."""
     backend, role = deployment.backend, topology(case.topology).target_role
-    fault_at = history.started + next(e.at for e in history.events if e.name == "fault_sent")
+    # The last fault: a race case's trials share one history.
+    fault_at = history.started + next(
+        e.at for e in reversed(history.events) if e.name == "fault_sent"
+    )
     others = {w.name: w for w in deployment.workers if w.role == role and w is not holder}
     logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
