@@ -23,6 +23,7 @@ from handoff.polling import Deadline, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.responses.recovery import received_ids
 from handoff.runner import Settings
+from handoff.verdict import FAILED
 from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)
@@ -68,7 +69,7 @@ def assert_ports_free(result):
     if ACTIVE["pools"] is None:
         assert ports
     else:
-        if not result.verdict.passed:
+        if result.verdict.outcome == FAILED:  # not proven or a known defect keeps its pool
             discarded = next(e for e in result.history.events if e.name == "pool_discarded")
             assert discarded.data["problems"] == []
         assert ACTIVE["pools"].close() == []
