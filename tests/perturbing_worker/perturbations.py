@@ -91,3 +91,16 @@ def perturbations(
             "two generated tokens duplicated": duplicated(out, 2),
         }
     return found
+
+
+def logprobs_dropped(chunk: dict, index: int) -> dict:
+    """The successor's first chunk stripped of its log-probabilities, as a frontend or worker
+    that loses a field across the move would send it: the tokens stay right."""
+    if index == 0:
+        chunk.pop("log_probs", None)
+        chunk.pop("top_logprobs", None)
+    return chunk
+
+
+#: Wrong outputs, by name: each takes the worker's chunk and its place in the response.
+OUTPUT_PERTURBATIONS = {"the first token's log-probabilities dropped": logprobs_dropped}

@@ -1,10 +1,11 @@
 """Loaded by a vLLM worker whose PYTHONPATH holds this folder (tests that break a migration on
 purpose): the worker's engine is given a wrong context, as a broken migration or KV transfer
-would deliver it. `HANDOFF_PERTURB` names the perturbation (perturbations.py),
-`HANDOFF_PERTURB_PROMPT` the prompt's length in tokens; a request is perturbed when it holds
-more than `HANDOFF_PERTURB_ABOVE` tokens (the prompt's length: only a re-issued request, whose
-context holds what was generated before the move; 0: every request, for a prefill worker whose
-KV the decode worker then reads). Each perturbed request is logged to the worker's stderr."""
+would deliver it, or the worker's output is changed on its way to the frontend.
+`HANDOFF_PERTURB` names the perturbation (perturbations.py), `HANDOFF_PERTURB_PROMPT` the
+prompt's length in tokens; a request is perturbed when it holds more than
+`HANDOFF_PERTURB_ABOVE` tokens (the prompt's length: only a re-issued request, whose context
+holds what was generated before the move; 0: every request, for a prefill worker whose KV the
+decode worker then reads). Each perturbed request is logged to the worker's stderr."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import importlib.machinery
 import os
 import sys
 
-from perturbations import perturbations
+from perturbations import OUTPUT_PERTURBATIONS, perturbations
 
 HANDLERS = "dynamo.vllm.handlers"
 
@@ -24,14 +25,25 @@ def perturbing(generate):
 
     async def perturbed(self, request, context):
         tokens = request.get("token_ids") or []
-        if len(tokens) > above:
+        chunks = generate(self, request, context)
+        if len(tokens) > above and name in OUTPUT_PERTURBATIONS:
+            print(f"handoff-test: {name}: after {len(tokens)} tokens", file=sys.stderr)
+            chunks = wrong_output(chunks, OUTPUT_PERTURBATIONS[name])
+        elif len(tokens) > above:
             wrong = perturbations(prompt, len(tokens) - prompt, chat == "1")[name](list(tokens))
             request["token_ids"] = wrong
             print(f"handoff-test: {name}: {len(tokens)} tokens -> {len(wrong)}", file=sys.stderr)
-        async for chunk in generate(self, request, context):
+        async for chunk in chunks:
             yield chunk
 
     return perturbed
+
+
+async def wrong_output(chunks, perturb):
+    index = 0
+    async for chunk in chunks:
+        yield perturb(chunk, index)
+        index += 1
 
 
 class _Perturbing(importlib.abc.MetaPathFinder):

@@ -52,6 +52,15 @@ def test_the_reference_itself_passes_and_a_nudge_past_the_tolerance_fails(shapes
     assert "depart from the reference at token 21: " in fingerprint.departure(context, output, past)
 
 
+def test_more_entries_than_the_reference_has_tokens_depart(shapes):
+    (_, _), (context, output) = shapes[0]
+    short = output[:3]
+    exact = tops(fingerprint.logprobs(context + short, len(context) - 1))
+    assert fingerprint.departure(context, short, exact) == (
+        "4 tokens carry log-probabilities; the reference has 3"
+    )
+
+
 @pytest.mark.parametrize("cut", CUTS)
 def test_every_wrong_context_departs_at_the_first_token_after_the_move(shapes, cut):
     for (length, api), (context, output) in shapes:

@@ -324,3 +324,12 @@ def test_the_tally_counts_known_defects_apart_and_not_as_failures():
     assert tally(cases) == "3 cases: 1 passed, 1 failed, 1 failed as known upstream defects"
     assert [c.verdict for c in cases] == ["PASS", "XFAIL upstream", "FAIL in launch"]
     assert [c.failed for c in cases] == [False, False, True]
+
+
+@pytest.mark.parametrize("sign", RACE.signature)
+def test_a_short_answer_without_each_sign_of_the_race_is_a_plain_failure(sign):
+    """A stream cut short that counted its move a success, lost no token, or went on after the
+    move is not the race: the reasons that carry the sign go, and what is left stays a failure."""
+    reasons = [r for r in RACED["decode_race/worker_stall-chat-tcp"] if sign not in r]
+    verdict = judged(reasons, RACE)
+    assert verdict.upstream_defect == "" and verdict.reasons == reasons

@@ -2,6 +2,7 @@
 frontend sent them (recorded from vLLM's CPU engine), and what the evidence makes of them: a
 response that carries none, though asked, fails; a judge's departure fails the request."""
 
+import pytest
 from frontend_replay import replay
 
 from handoff.client import Request, Response
@@ -34,7 +35,7 @@ def test_each_api_asks_in_its_own_words():
 
 
 def test_a_response_that_carries_none_though_asked_fails():
-    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda observed: None)
+    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda observed: None, 3)
     assert problems == ["the response carries no log-probabilities; the request asked for 5"]
 
 
@@ -46,8 +47,22 @@ def test_the_judges_departure_is_the_requests_problem():
         return "the log-probabilities depart from the reference at token 2: ..."
 
     response = replay("logprobs_chat_stream")
-    assert evidence.logprob_problems(response, 3, judge) == [judge(None)]
+    assert evidence.logprob_problems(response, 3, judge, 2) == [judge(None)]
     assert seen[0] == response.top_logprobs
+
+
+@pytest.mark.parametrize("received", [1, 3, 24])
+def test_log_probabilities_for_other_than_the_tokens_received_fail(received):
+    """A frontend that drops the log-probabilities of some frames, or sends extra ones, leaves
+    the tokens it did send unjudged: that is no agreement."""
+    response = replay("logprobs_chat_stream")
+    problems = evidence.logprob_problems(response, 3, lambda observed: None, received)
+    assert problems == [f"2 tokens carry log-probabilities; the client received {received}"]
+
+
+def test_an_engine_that_does_not_count_tokens_leaves_the_count_to_the_judge():
+    response = replay("logprobs_chat_stream")
+    assert evidence.logprob_problems(response, 3, lambda observed: None, None) == []
 
 
 def test_an_empty_response_asked_for_them_reads_none():

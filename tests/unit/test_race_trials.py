@@ -1,0 +1,58 @@
+"""The trials of a race case (`responses.single.exercise_race`), each trial's verdict given: the
+first failure ends them and is judged against the race; a trial not proven proves no absence of
+the race, so with none failed the case is not proven rather than "the fix has arrived"."""
+
+import pytest
+from test_known_defects import RACED
+
+from handoff.cases import Case
+from handoff.history import History
+from handoff.policies import KNOWN_RACES
+from handoff.responses import single
+from handoff.responses.waits import CaseRun
+from handoff.verdict import Verdict
+
+RACE_CASE = Case("migration_enabled", "worker_stall", "chat", "stream", "tcp", "decode_race")
+RACED_REASONS = RACED["decode_race/worker_stall-chat-tcp"]
+
+
+def trials(monkeypatch, verdicts: list[Verdict]) -> tuple[Verdict, list[int]]:
+    """The race case's verdict where its trials give `verdicts` in turn (then pass), and the
+    variants the trials were run with."""
+    variants: list[int] = []
+
+    def judged_once(run: CaseRun) -> Verdict:
+        variants.append(run.variant)
+        return verdicts[len(variants) - 1] if len(variants) <= len(verdicts) else Verdict(True)
+
+    monkeypatch.setattr(single, "judged_once", judged_once)
+    run = CaseRun(None, RACE_CASE, None, None, History(), variant=7)
+    return single.exercise_race(run), variants
+
+
+def test_the_race_seen_at_a_trial_ends_them_as_the_known_defect(monkeypatch):
+    verdict, variants = trials(monkeypatch, [Verdict(True), Verdict(False, list(RACED_REASONS))])
+    assert variants == [7, 8]
+    assert verdict.upstream_defect == KNOWN_RACES["decode_race"].describe()
+    assert "trial 2 of 24 failed" in verdict.notes
+
+
+def test_another_failure_at_a_trial_is_a_plain_failure(monkeypatch):
+    verdict, _ = trials(monkeypatch, [Verdict(False, ["finish_reason 'stop', expected 'length'"])])
+    assert not verdict.passed and verdict.upstream_defect == ""
+    assert verdict.reasons == ["finish_reason 'stop', expected 'length'"]
+
+
+def test_every_trial_passed_says_the_fix_has_arrived(monkeypatch):
+    verdict, variants = trials(monkeypatch, [])
+    assert len(variants) == single.RACE_TRIALS
+    assert not verdict.passed and "the fix has arrived" in verdict.reasons[0]
+
+
+@pytest.mark.parametrize("at", [1, single.RACE_TRIALS])
+def test_a_trial_not_proven_goes_on_and_leaves_the_case_not_proven(monkeypatch, at):
+    given = [Verdict(True)] * (at - 1) + [Verdict(False, unproven=["the boundary is unknown"])]
+    verdict, variants = trials(monkeypatch, given)
+    assert len(variants) == single.RACE_TRIALS
+    assert verdict.outcome == "not proven" and verdict.reasons == []
+    assert verdict.unproven == [f"trial {at}: the boundary is unknown"]
