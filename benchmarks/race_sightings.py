@@ -1,0 +1,65 @@
+"""Run a race case (cases.Topology.heal_at_move) alone several times in a row and print, for
+each run, the trial at which the race first showed and the verdict: the figures behind
+single.RACE_TRIALS. Each run is a fresh pytest process with its own deployment; no retries.
+
+    python benchmarks/race_sightings.py --runs 20 [--backend vllm]
+        [--case decode_race/worker_stall-chat-tcp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from selection_run import run_selection
+
+from handoff.responses.single import RACE_TRIALS
+
+SIGHTED = re.compile(r"trial (\d+) of (\d+) failed")
+
+
+def first_sight(record: dict) -> str:
+    """The trial that failed, or what the run said instead."""
+    found = next((m for n in record["notes"] if (m := SIGHTED.fullmatch(n))), None)
+    return found[1] if found else "never"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--backend", default="vllm")
+    parser.add_argument("--case", default="decode_race/worker_stall-chat-tcp")
+    args = parser.parse_args()
+    sights: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(1, args.runs + 1):
+            logs = Path(tmp) / f"run-{i}"
+            run = run_selection(
+                logs.with_suffix(".xml"), 1, "--handoff-backend", args.backend,
+                "--handoff-case", args.case, "--handoff-logs", str(logs),
+            )  # fmt: skip
+            (results,) = logs.glob("*/results.json")
+            (record,) = json.loads(results.read_text())["cases"]
+            sights.append(first_sight(record))
+            outcome = record.get("upstream_defect") or "; ".join(record["reasons"])[:120]
+            print(f"run {i:>2}: first sight at trial {sights[-1]}, {run.wall_s:.0f} s: {outcome}")
+    seen = [int(s) for s in sights if s != "never"]
+    print(f"\n{platform.node()}, {args.backend} {args.case}, {args.runs} runs")
+    print(f"trials to first sight: {', '.join(sights)}")
+    if seen:
+        trials = sum(seen) + RACE_TRIALS * (len(sights) - len(seen))
+        print(
+            f"seen in {len(seen)} of {len(sights)} runs; median {statistics.median(seen)}, "
+            f"max {max(seen)}; {len(seen)} sightings in {trials} trials"
+        )
+    return 0 if len(seen) == len(sights) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
