@@ -2,7 +2,7 @@
 each run, the trial at which the race first showed and the verdict: the figures behind
 single.RACE_TRIALS. Each run is a fresh pytest process with its own deployment; no retries.
 
-    python benchmarks/race_sightings.py --runs 20 [--backend vllm]
+    python benchmarks/race_sightings.py --runs 20 [--backend vllm] [--device cpu]
         [--case decode_race/worker_stall-chat-tcp]
 """
 
@@ -34,6 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--backend", default="vllm")
+    parser.add_argument("--device", default="cpu", help="the backend's device (vLLM's: cpu)")
     parser.add_argument("--case", default="decode_race/worker_stall-chat-tcp")
     args = parser.parse_args()
     sights: list[str] = []
@@ -42,10 +43,16 @@ def main() -> int:
             logs = Path(tmp) / f"run-{i}"
             run = run_selection(
                 logs.with_suffix(".xml"), 1, "--handoff-backend", args.backend,
-                "--handoff-case", args.case, "--handoff-logs", str(logs),
+                "--handoff-device", args.device, "--handoff-case", args.case,
+                "--handoff-logs", str(logs),
             )  # fmt: skip
-            (results,) = logs.glob("*/results.json")
-            (record,) = json.loads(results.read_text())["cases"]
+            records = [
+                c for r in logs.glob("*/results.json") for c in json.loads(r.read_text())["cases"]
+            ]
+            if len(records) != 1:
+                print(f"run {i}: {len(records)} cases recorded, not 1: {run.failures or logs}")
+                return 1
+            (record,) = records
             sights.append(first_sight(record))
             outcome = record.get("upstream_defect") or "; ".join(record["reasons"])[:120]
             print(f"run {i:>2}: first sight at trial {sights[-1]}, {run.wall_s:.0f} s: {outcome}")
