@@ -110,3 +110,25 @@ def test_a_request_gets_its_seconds_of_tokens_within_its_shape(fastest, seconds,
     assert cut.max_tokens == tokens  # the fastest rate's, at most the shape's, at least the floor
     bound = pace.response_bound_s(cut, measured)
     assert bound == 4 * tokens / (fastest / 2) + pace.FIXED_S  # at the slowest rate
+
+
+class SlowToStart(MockerBackend):
+    """The mocker as if a worker's first request outlasted a stall case's stream timeout."""
+
+    slow_first_request = True
+
+
+def test_a_cold_worker_is_served_its_first_request_before_a_case_with_a_stream_timeout(
+    tmp_path,
+):
+    """Through a frontend of its own, without the stream timeout, each worker once (the round
+    robin's two requests to two aggregate workers); then the case, which passes."""
+    stall = Case.from_id("migration_enabled-worker_stall-chat-stream-tcp")
+    result = run_case(SlowToStart(), stall, tmp_path, SETTINGS, timeout_s=60)
+    assert not result.verdict.reasons, result.verdict.summary()
+    log = ANSI.sub("", (tmp_path / "warm-up-frontend.log").read_text())
+    assert "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS" not in log
+    selected = re.findall(r"Selected worker .*?worker_id=(\d+)", log)
+    assert len(selected) == 2 and len(set(selected)) == 2, selected
+    launched = [e.data["process"] for e in result.history.events if e.name == "process_launched"]
+    assert launched.index("warm-up-frontend") < launched.index("frontend"), launched

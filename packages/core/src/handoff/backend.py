@@ -116,6 +116,10 @@ class Backend(ABC):
     #: The engine decodes guided output (structured output): a response that completes is
     #: checked against its guide. The mocker accepts a guide and ignores it.
     decodes_guides: ClassVar[bool] = False
+    #: A worker's first request may take longer than a case's stream timeout (its start's
+    #: lazy work, a KV transfer's handshake): each worker is served one through a frontend
+    #: without the case's settings before the case's frontend starts (`Deployment._warm`).
+    slow_first_request: ClassVar[bool] = False
     #: Why not, for the verdict's note, when `deterministic` is False.
     nondeterministic_because: ClassVar[str] = "its output is not deterministic"
     #: A counter of completed KV transfers that decode workers export on their system port:

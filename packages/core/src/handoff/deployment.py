@@ -4,13 +4,16 @@ workers drawn from a pool (handoff.pool); up, ready, and down."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
 import requests
 
+from handoff import client
 from handoff.backend import Backend, Worker
 from handoff.cases import Case
+from handoff.client import Request, Response
 from handoff.errors import CaseFailure
 from handoff.machine import firewall, services
 from handoff.machine.ports import PortLeases
@@ -30,7 +33,8 @@ HEALTH_ENDPOINT = {
 #: its prefill router is active; a request in between gets 503 "prefill routing ... is still
 #: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
 PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
-#: The colour codes of the frontend's log lines.
+#: The output of the request that warms a worker (`Deployment._warm`).
+WARM_TOKENS = 8
 
 __all__ = ["Deployment", "StartupFailure"]
 
@@ -66,6 +70,8 @@ class Deployment:
         self.pool = pool or Pool(backend, case, roles, folder)
         self.leases = PortLeases()
         self.frontend: ManagedProcess | None = None
+        #: The frontend that served the drawn workers their first request, stopped since.
+        self.warm_up: ManagedProcess | None = None
         self.workers: list[Worker] = []
         self.http_port: int | None = None
         #: (monotonic time, what the frontend listed) each time that changed while starting.
@@ -116,19 +122,50 @@ class Deployment:
         if not self.pool.started:
             self.pool.start()
         self.workers = self.pool.draw(self.case, deadline)
+        cold = [w for w in self.workers if w.name not in self.pool.warmed]
+        if cold and self.frontend_env and self.backend.slow_first_request:
+            self._warm(cold, deadline)
+        self._start_frontend("frontend", self.frontend_env, self.leases, deadline)
+
+    def _start_frontend(
+        self, name: str, env: Mapping[str, str], leases: PortLeases, deadline: Deadline
+    ) -> None:
         assert self.model is not None
-        self.http_port = self.leases.take()
+        self.http_port = leases.take()
         command = services.frontend_command(
             self.http_port, self.model, self.case.plane, self.policy
         )
         self.frontend = ManagedProcess(
-            "frontend",
-            command,
-            {**self.pool.env, **self.frontend_env},
-            self.folder / "frontend.log",
+            name, command, {**self.pool.env, **env}, self.folder / f"{name}.log"
         )
         self.frontend.start()
         self._wait_ready(deadline)
+
+    def _warm(self, cold: list[Worker], deadline: Deadline) -> None:
+        """Serve each drawn worker its first request through a frontend with none of the case's
+        settings, then stop it: a worker's first request pays for its start (seconds on a CPU,
+        a KV transfer's handshake), which a case's stream timeout would read as a silent worker
+        and move (`Backend.slow_first_request`). The router's round robin gives each worker of
+        a role one of as many requests as the role has workers."""
+        leases = PortLeases()
+        try:
+            self._start_frontend("warm-up-frontend", {}, leases, deadline)
+            shape = self.backend.shape(self.case, 0)
+            request = Request(self.case.api, False, self.model_name, shape.prompt, WARM_TOKENS)
+            for _ in range(max(Counter(w.role for w in self.workers).values())):
+                response = Response()
+                client.send(self.base_url, request, response, deadline.remaining())
+                if response.status != 200 or response.error or response.exception:
+                    raise StartupFailure(
+                        f"a request to warm {', '.join(w.name for w in cold)} failed: "
+                        f"{response.summary()}"
+                    )
+        finally:
+            self.warm_up, self.frontend = self.frontend, None
+            problems = stop_all([self.warm_up] if self.warm_up else [], leases)
+        if problems:
+            raise StartupFailure(f"the warm-up frontend did not stop: {'; '.join(problems)}")
+        self.pool.warmed.update(w.name for w in self.workers)
 
     def expected_instances(self) -> dict[tuple[str, str], set[int]]:
         """The instance ids the frontend must list, by (component, endpoint): the drawn

@@ -115,6 +115,8 @@ class Pool:
         self.spares: list[Worker] = []
         #: The drawn workers, gone, whose successors have started.
         self.replaced: set[str] = set()
+        #: The workers that have served a request to warm them (`Deployment._warm`).
+        self.warmed: set[str] = set()
         #: Worker name -> the folder it registers in, for spares and the spares handed over.
         self.own_store: dict[str, Path] = {}
         #: The spares handed over and still running, each with its folder's mirror, and the

@@ -262,8 +262,8 @@ def drop_logs(folder: Path) -> None:
 
 def record_start_up(deployment: Deployment, history: History) -> None:
     """When each process was launched, and what the frontend listed as they came up."""
-    for process in deployment.processes:
-        if process.started_at is not None:
+    for process in [deployment.warm_up, *deployment.processes]:
+        if process is not None and process.started_at is not None:
             history.record_at(
                 "process_launched", process.started_at, process=process.name, pid=process.pid
             )
