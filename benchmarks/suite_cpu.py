@@ -81,7 +81,23 @@ def main(argv: list[str]) -> int:
         by_module.items(), key=lambda kv: -kv[1][0]
     )[:SHOWN]:
         print(f"{module:<50} {count:>5} {module_cpu:>7.1f} {module_wall:>7.1f}")
+    print_occupancy(tests, started, wall)
     return run.returncode
+
+
+def print_occupancy(tests: list[dict], started: float, wall: float) -> None:
+    """How many tests ran at once, second by second: the seconds at each count, and when the
+    tail began (the last second at the most seen), where the suite waits on its last tests."""
+    running = [0] * (int(wall) + 1)
+    for test in tests:
+        first = int(test["started"] - started)
+        for second in range(max(first, 0), min(int(first + test["wall_s"]) + 1, len(running))):
+            running[second] += 1
+    most = max(running, default=0)
+    counts = collections.Counter(running)
+    print("seconds with N tests running: " + ", ".join(f"{n}: {counts[n]}" for n in sorted(counts)))
+    tail = max((s for s, n in enumerate(running) if n == most), default=0)
+    print(f"the tail: fewer than {most} tests ran from second {tail + 1} of {len(running)}")
 
 
 if __name__ == "__main__":
