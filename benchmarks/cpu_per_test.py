@@ -34,6 +34,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         "children_s": round(reaped_after - reaped, 3),
         "wall_s": round(time.monotonic() - started, 3),
         "started": round(started, 3),  # monotonic: one clock for every process of the machine
+        "pid": os.getpid(),
     }
     out = Path(os.environ[FOLDER_ENV]) / f"{os.getpid()}.jsonl"
     with out.open("a") as file:

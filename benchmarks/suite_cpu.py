@@ -86,18 +86,23 @@ def main(argv: list[str]) -> int:
 
 
 def print_occupancy(tests: list[dict], started: float, wall: float) -> None:
-    """How many tests ran at once, second by second: the seconds at each count, and when the
-    tail began (the last second at the most seen), where the suite waits on its last tests."""
-    running = [0] * (int(wall) + 1)
+    """How many pytest processes ran a test at once, second by second, and the tests of the
+    tail (from the last second all of them were busy): where the suite waits on a few."""
+    busy: list[set[int]] = [set() for _ in range(int(wall) + 1)]
     for test in tests:
-        first = int(test["started"] - started)
-        for second in range(max(first, 0), min(int(first + test["wall_s"]) + 1, len(running))):
-            running[second] += 1
-    most = max(running, default=0)
-    counts = collections.Counter(running)
-    print("seconds with N tests running: " + ", ".join(f"{n}: {counts[n]}" for n in sorted(counts)))
-    tail = max((s for s, n in enumerate(running) if n == most), default=0)
-    print(f"the tail: fewer than {most} tests ran from second {tail + 1} of {len(running)}")
+        first = test["started"] - started
+        for second in range(int(first), min(int(first + test["wall_s"]) + 1, len(busy))):
+            busy[second].add(test["pid"])
+    counts = collections.Counter(len(pids) for pids in busy)
+    print(
+        "seconds with N processes busy: " + ", ".join(f"{n}: {counts[n]}" for n in sorted(counts))
+    )
+    most = max(counts, default=0)
+    tail = max((s for s, pids in enumerate(busy) if len(pids) == most), default=0)
+    print(f"the tail: fewer than {most} busy from second {tail + 1} of {len(busy)}; its tests:")
+    for test in sorted(tests, key=lambda t: t["started"] + t["wall_s"])[-8:]:
+        begun = test["started"] - started
+        print(f"  {begun:6.1f} +{test['wall_s']:6.1f} s  {test['test']}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,13 @@ import psutil
 from handoff.machine.ports import bindable, listener
 from handoff.machine.worker_logs import ANSI
 from handoff.polling import Deadline, poll_until
+
+
+def hears_ctrl_c() -> None:
+    """`preexec_fn` of a run a test interrupts: Ctrl-C at its default, so that Python raises
+    KeyboardInterrupt in it, even where the suite itself was started ignoring it (a shell's
+    background job, nohup), which a child would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class IsolatedRuns:
@@ -41,8 +49,9 @@ class IsolatedRuns:
             "--handoff-topology", self.topology, *args,
         )  # fmt: skip
         return subprocess.Popen(
-            command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+            command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=hears_ctrl_c,
+        )  # fmt: skip
 
     def recorded(self) -> dict[int, float]:
         return {entry["pid"]: entry["started"] for entry in self.entries()}

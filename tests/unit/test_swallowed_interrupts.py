@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from interrupted_runs import hears_ctrl_c
 
 SUITE = """
 import os
@@ -34,7 +35,7 @@ def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_run(tmp_path, sig
     suite.write_text(SUITE.replace("SIGNAL", f"signal.{sig}"))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, preexec_fn=hears_ctrl_c,
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert "Exception ignored" in out, out  # the interrupt was swallowed where it arrived
@@ -71,7 +72,7 @@ def test_a_swallowed_interrupt_stops_a_case_at_its_next_wait(tmp_path):
     suite.write_text(WAIT)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, preexec_fn=hears_ctrl_c,
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert "Exception ignored" in out, out
