@@ -68,9 +68,9 @@ class Sent:
     evidence: tuple[str, ...] = ()
 
 
-#: The trials of a race case. Dynamo 1.6.1's race showed in 7 of 31 trials on vLLM's CPU engine
-#: (first at trial 2, 2, 2, 3, 6, 7, 9: benchmarks/RESULTS.md): at 0.23 a trial, 24 trials all
-#: miss it with a probability of 0.77^24, about 0.2% (17, enough at 1 in 4, gave 1.3%).
+#: The trials of a race case. Dynamo 1.6.1's race showed in 19 of 74 trials on vLLM's CPU engine
+#: over 20 runs (first at trial 1 to 11: benchmarks/RESULTS.md): at 0.26 a trial, 24 trials all
+#: miss it with a probability of 0.74^24, about 0.08%.
 RACE_TRIALS = 24
 
 
