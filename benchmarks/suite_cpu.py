@@ -26,7 +26,7 @@ from cpu_per_test import FOLDER_ENV, cpu_s
 
 from handoff.machine.environment import CACHE_ENV
 
-SUITE = ["tests", "--ignore", "tests/vllm_cpu", "-n", "6"]
+SUITE = ["tests", "--ignore", "tests/vllm_cpu", "-n", "8"]
 YARDSTICK = (
     "from handoff.cases import TOPOLOGIES, selection\nfor t in TOPOLOGIES: selection(t, 'nightly')"
 )

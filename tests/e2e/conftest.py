@@ -1,7 +1,7 @@
 """Every end-to-end test, pass or fail, must leave no process that handoff started.
 
 A case a test expects to pass passes by its reasons (every check made held): under nox -s
-tests' six workers on two cores a migration's boundary may be left not proven, the
+tests' eight workers on two cores a migration's boundary may be left not proven, the
 continuity's verdict, which the main job enforces (mocker_pre_merge) and test_not_proven_runs
 tests."""
 
