@@ -46,10 +46,12 @@ from handoff.responses import single
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
-#: migration; `burst` loses no token but holds the armed frame back and sends it after the
-#: migration together with the new worker's first, back to back, as a client that fell behind
-#: reads them; "unheard_close" forwards the stream as it came but never closes the frontend's
-#: stream when the client hangs up; None forwards the stream as it came.
+#: migration; `burst` loses no token but holds the armed frame back, with any the faulted
+#: worker sends after it before it is stopped (in order: a loaded machine lets a few through),
+#: and sends them after the migration together with the new worker's first, back to back, as
+#: a client that fell behind reads them; "unheard_close" forwards the stream as it came but
+#: never closes the frontend's stream when the client hangs up; None forwards the stream as it
+#: came.
 MODES = ("replay", "lost_and_repeated", "burst", "unheard_close", None)
 #: How long the stopped holder's stream must have been still before the kill: longer than the
 #: stalls of a frontend and a client on a loaded machine.
@@ -140,7 +142,7 @@ class Alterations:
         self.forwarded = 0  # content frames to the client
         self.last_content_at: float | None = None
         self.next_content_at = 0.0  # the earliest the next content frame may go out
-        self.held: bytes | None = None  # `burst`: the faulted worker's frame, held back
+        self.held: list[bytes] = []  # `burst`: the faulted worker's frames, held back
 
     def sends(self, event: bytes, max_tokens: int | None) -> list[tuple[float, bytes]]:
         """What goes to the client for `event` from the frontend, each with when (monotonic)
@@ -153,7 +155,7 @@ class Alterations:
             self.last_content_at = now
             sends = self.altered_content(event, max_tokens)
             self.forwarded += len(sends)
-            if self.mode == "burst" and len(sends) == 2:  # back to back, at once
+            if self.mode == "burst" and len(sends) >= 2:  # back to back, at once
                 return [(now, data) for data in sends]
             timed = []
             for data in sends:
@@ -167,7 +169,7 @@ class Alterations:
             self.armed = False
             self.done.set()
             if self.mode == "burst":
-                self.held = event
+                self.held = [event]
                 self.altered.append(("held", 1))
                 return []
             if self.mode == "replay":
@@ -175,14 +177,19 @@ class Alterations:
                 return [event, event]
             self.altered.append(("lost", 1))
             return []
+        if self.held and self.after_migration is None:  # the faulted worker's, after the held
+            self.held.append(event)
+            self.altered.append(("held", 1))
+            return []
         if self.after_migration is not None:
             self.after_migration += 1
             if self.mode == "lost_and_repeated" and self.after_migration == 3:
                 self.altered.append(("repeated", 3))
                 return [event, event]
-            if self.mode == "burst" and self.after_migration == 1 and self.held is not None:
-                self.altered.append(("sent_together", 2))
-                return [self.held, event]
+            if self.mode == "burst" and self.after_migration == 1 and self.held:
+                sent, self.held = [*self.held, event], []
+                self.altered.append(("sent_together", len(sent)))
+                return sent
         if self.mode == "replay" and self.altered and self.received == max_tokens:
             self.altered.append(("dropped_final", 1))
             return []
