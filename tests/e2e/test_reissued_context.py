@@ -15,7 +15,7 @@ which then stands out from any stall of a loaded machine. The mocker decodes slo
 default (`SlowMocker`) so that the frontend's own hiccups under load seldom send the new
 worker's first frames together (the verdict cannot tell that from a client that fell behind,
 and rightly calls the boundary ambiguous), and the proxy spreads out those that still come
-together (seen at -n 6 on 2 cores); its `burst` mode sends them together on purpose."""
+together (seen at -n 6 and 8 on 2 cores); its `burst` mode sends them together on purpose."""
 
 from __future__ import annotations
 

@@ -33,6 +33,10 @@ HEALTH_ENDPOINT = {
 #: its prefill router is active; a request in between gets 503 "prefill routing ... is still
 #: activating" (docs/known-issues.md). The frontend logs this line once the router is active.
 PREFILL_ROUTER_ACTIVE = "Prefill router target activated"
+#: Dynamo 1.6.1 lists the model in /v1/models a moment before its endpoints serve it: a request
+#: in between gets 404 with an empty message (seen 6 ms after the listing, under load; docs/
+#: known-issues.md). The frontend logs this line, naming the model, as it enables them.
+MODEL_COMMITTED = "Committed discovered model group"
 #: The output of the request that warms a worker (`Deployment._warm`).
 WARM_TOKENS = 8
 
@@ -235,8 +239,13 @@ class Deployment:
             if not self.listings or self.listings[-1][1] != shown:
                 self.listings.append((time.monotonic(), shown))
             seen = f"/health instances {counts}, /v1/models {names}"
-            if "prefill" in self.roles and not self._router_active():
-                seen += f", no {PREFILL_ROUTER_ACTIVE!r} for {self.model.name!r} in its log yet"
+            awaited = [MODEL_COMMITTED] + (
+                [PREFILL_ROUTER_ACTIVE] if "prefill" in self.roles else []
+            )
+            if missing := [line for line in awaited if not self._logged(line)]:
+                seen += (
+                    f", no {' or '.join(map(repr, missing))} for {self.model.name!r} in its log yet"
+                )
                 return None, seen
             if listed != expected or self.model.name not in names:
                 return None, seen
@@ -245,24 +254,25 @@ class Deployment:
         wanted = {where: len(ids) for where, ids in expected.items()}
         router = ", its prefill router active" if "prefill" in self.roles else ""
         awaited = f"the frontend to list instances {wanted} and model {self.model.name!r}"
+        awaited += f", its endpoints enabled{router}"
         try:
-            poll_until(probe, deadline, awaited + router)
+            poll_until(probe, deadline, awaited)
         except Timeout as exc:
             assert self.frontend is not None
             raise StartupFailure(
                 f"{exc}; log {self.frontend.log_path}:\n{self.frontend.log_tail()}"
             ) from exc
 
-    def _router_active(self) -> bool:
-        """Whether the frontend logged that the prefill router of the case's model is active
-        (the log's colours stripped)."""
+    def _logged(self, marker: str) -> bool:
+        """Whether the frontend logged `marker` on a line naming the case's model (the log's
+        colours stripped): its endpoints enabled, its prefill router active."""
         assert self.frontend is not None and self.model is not None
         try:
             text = ANSI.sub("", self.frontend.log_path.read_text(errors="replace"))
         except FileNotFoundError:
             return False
         wanted = f"model_name={self.model.name}"
-        return any(PREFILL_ROUTER_ACTIVE in line and wanted in line for line in text.splitlines())
+        return any(marker in line and wanted in line.replace('"', "") for line in text.splitlines())
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first process that has exited."""
