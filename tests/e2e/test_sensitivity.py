@@ -538,31 +538,29 @@ def test_a_hang_before_the_first_token_fails_as_hung_within_its_bound(tmp_path, 
     assert_ports_free(result)
 
 
-class ShortStall(MockerBackend):
-    """Requests of 60 tokens: the bound, which counts the tokens left, comes sooner."""
-
-    defaults: ClassVar[dict[str, object]] = {
-        **MockerBackend.defaults,
-        "max_tokens": {"aggregate": 60},
-    }
+#: The most a hang may take to show after its fault on the mocker (issue 43).
+HANG_SEEN_WITHIN_S = 20.0
 
 
-def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its_bound(tmp_path):
+@pytest.mark.parametrize("plane", ["tcp", "nats"])
+def test_a_stall_on_a_frontend_without_a_stream_timeout_fails_as_hung_within_its_bound(
+    tmp_path, plane
+):
     """The stalled holder's stream stays open for as long as the stall lasts when the frontend
-    has no stream timeout: the case fails as hung once its bound has passed, long before the
-    case deadline, naming the stopped worker and how long the client has waited."""
-    case = Case.from_id("migration_enabled-worker_stall-chat-stream-tcp")
-    result = run_case(ShortStall(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={})
+    has no stream timeout: the case fails as hung once the stream has been quiet for longer
+    than its silence bound (computed from the case: the stall's wait and the stream's own first
+    token), within 20 s of the fault, whatever the response's length."""
+    case = Case.from_id(f"migration_enabled-worker_stall-chat-stream-{plane}")
+    result = run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={})
     assert not result.verdict.passed
     events = {e.name: e for e in result.history.events}
-    bound = events["response_bound"].data["seconds"]
-    holder = events["fault_sent"].data["worker"]
+    bound = events["silence_bound"].data["seconds"]
+    assert bound < HANG_SEEN_WITHIN_S
     (reason,) = [r for r in result.verdict.reasons if r.startswith("hung:")]
-    assert f"still open {bound:.0f} s after the fault on {holder}, the bound that twice" in reason
-    assert "its last token came" in reason
-    waited = events["teardown_done"].at - events["fault_sent"].at
-    assert bound <= waited < bound + 15  # the bound, then the teardown of the stopped workers
-    assert result.seconds < 90 - 15
+    said = re.match(r"hung: no token for (\d+) s since (the fault|its last token after)", reason)
+    assert said, reason
+    assert f"past its {bound:g} s silence bound: twice its 3 s stream timeout and" in reason
+    assert events["failure_found"].at - events["fault_sent"].at < HANG_SEEN_WITHIN_S
     assert_ports_free(result)
 
 

@@ -76,8 +76,9 @@ def run_case(
             )  # fmt: skip
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
-        # reason; the next case still runs.
+        # reason; the next case still runs. When it was found goes in the timeline.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
+        history.record("failure_found", reason=str(exc))
     except requests.RequestException as exc:
         verdict = Verdict(False, [unanswered(made.deployment, exc)], history.phase)
     except Exception as exc:

@@ -28,6 +28,7 @@ from handoff.responses.waits import (
     CaseRun,
     FirstMigration,
     Settings,
+    Silence,
     fault_wait,
     last_token,
     late_counts,
@@ -121,6 +122,7 @@ def judged_once(run: CaseRun) -> Verdict:
         await_response(
             sent.inflight, deployment, before.counts, bounded, history,
             heal if case.fault in SILENT and case.fault != PAST_LEASE else None,
+            silence_after(case, sent, settings, faulted_at, history),
         )  # fmt: skip
     except Timeout as exc:
         if not why or deadline.expired():
@@ -252,6 +254,20 @@ def response_deadline(
     )
 
 
+def silence_after(
+    case: Case, sent: Sent, settings: Settings, faulted_at: float, history: History
+) -> Silence | None:
+    """How long a stream may stay quiet after its fault, from its own first token; none for a
+    unary response or a fault before the first token (the whole response's bound holds)."""
+    response = sent.inflight.response
+    first = next((c.at for c in response.chunks if c.text and c.at <= faulted_at), None)
+    if not sent.inflight.request.stream or first is None:
+        return None
+    silence = Silence.after(case, settings, first - sent.sent_at, faulted_at)
+    history.record("silence_bound", seconds=silence.seconds)
+    return silence
+
+
 def rest_of_response(
     case: Case, planned: Planned, sent: Sent, backend: Backend
 ) -> tuple[float, str, dict[str, float]] | None:
@@ -342,9 +358,11 @@ def await_response(
     deadline: Deadline,
     history: History,
     heal: recovery.Heal | None = None,
+    silence: Silence | None = None,
 ) -> None:
     """Wait for the response to end, noting when the frontend first counts a migration; from
-    then on `heal` decides when the faulted worker is back (`recovery.Heal.after_move`)."""
+    then on `heal` decides when the faulted worker is back (`recovery.Heal.after_move`). A
+    stream quiet for longer than `silence` allows fails the case as hung."""
     metrics_url = deployment.base_url + "/metrics"
     migration = FirstMigration(metrics_url, deployment.model_name, before, history)
     checked = [time.monotonic()]
@@ -357,6 +375,10 @@ def await_response(
             migration.read()
         if migration.seen is not None and heal is not None:
             heal.after_move(inflight)
-        return (True if inflight.finished else None), inflight.response.summary()
+        if inflight.finished:
+            return True, ""
+        if silence and (hung := silence.broken(inflight.response, time.monotonic())):
+            raise CaseFailure(hung)
+        return None, inflight.response.summary()
 
     poll_until(probe, deadline, "the response to finish")

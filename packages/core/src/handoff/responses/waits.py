@@ -88,8 +88,10 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before the request has moved,
     and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
     of a stall or a partition, the HTTP layer's, as the router gives up at once; the worker's
-    drain timeout of an expired drain; nothing for a kill), then one request-plane timeout: the
-    re-issued request may first reach a worker that is gone but still listed."""
+    drain timeout of an expired drain; nothing for a kill), then, but for a silent fault, one
+    request-plane timeout: the re-issued request may first reach a worker that is gone but
+    still listed. A silent fault leaves none: its worker, the only one faulted, is quarantined
+    by the timeout that moves the request (docs/known-issues.md)."""
     plane_s = REQUEST_PLANE_TIMEOUT_S[plane]
     plane_why = f"a {plane_s:g} s {plane} request timeout and "
     if fault == "graceful_shutdown":
@@ -104,10 +106,45 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
         )
     elif fault in SILENT:
         wait = 2 * settings.stream_timeout_s
-        why = f"twice its {settings.stream_timeout_s} s stream timeout, "
+        return wait, f"twice its {settings.stream_timeout_s} s stream timeout and "
     else:
         wait, why = 0.0, ""
     return wait + plane_s, why + plane_why
+
+
+@dataclass(frozen=True)
+class Silence:
+    """How long the client's reading of a stream may stay quiet after the fault: the wait the
+    fault allows (`fault_wait`), the stream's own first token `RESPONSE_SLOWER_BY` times over
+    (the new worker's first one comes after a prefill of the context again) and
+    `RESPONSE_FIXED_S`. A hang shows as silence long before the whole response's bound
+    (`single.response_deadline`), which allows for every token left."""
+
+    fault_at: float
+    seconds: float
+    why: str
+
+    @classmethod
+    def after(cls, case: Case, settings: Settings, first_token_s: float, fault_at: float):
+        wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
+        seconds = round(wait_s + RESPONSE_SLOWER_BY * first_token_s + RESPONSE_FIXED_S, 1)
+        why = (
+            f"{waits_for}its first token's {first_token_s:.2f} s {RESPONSE_SLOWER_BY:g} times "
+            f"over, and {RESPONSE_FIXED_S:g} s"
+        )
+        return cls(fault_at, seconds, why)
+
+    def broken(self, response: Response, now: float) -> str | None:
+        """Why the stream counts as hung now, or None."""
+        token_at = next((c.at for c in reversed(response.chunks) if c.text), self.fault_at)
+        last = max(token_at, self.fault_at)
+        if now - last <= self.seconds:
+            return None
+        since = "the fault" if last == self.fault_at else "its last token after the fault"
+        return (
+            f"hung: no token for {now - last:.0f} s since {since}, past its {self.seconds:g} s "
+            f"silence bound: {self.why} ({response.summary()})"
+        )
 
 
 def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settings:
