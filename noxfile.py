@@ -86,13 +86,23 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+#: How the mocker's sessions run their cases unless told otherwise: as many at once as fit the
+#: CPUs (`-n auto`, answered by handoff from what a mocker case keeps busy), each on a fresh
+#: deployment. A mocker case mostly waits; a pool would run its key's cases one after another
+#: in one xdist worker, and saves nothing measurable on the mocker (benchmarks/RESULTS.md).
+#: `-n N` or `--no-handoff-fresh` after `--` override either.
+MOCKER_SCHEDULE = ["-n", "auto", "--handoff-fresh"]
+
+
 def qualify_on_mocker(session: nox.Session, selection: str) -> None:
     selected = ["--handoff-selection", selection]
     if in_image(session, "mocker", selected):
         return
     install_mocker_stack(session)
     install_debian(session, QUALIFY_BINARIES, required=False)
-    session.run(*QUALIFY, "--handoff-backend", "mocker", *selected, *session.posargs)
+    session.run(
+        *QUALIFY, "--handoff-backend", "mocker", *selected, *MOCKER_SCHEDULE, *session.posargs
+    )
 
 
 def in_image(session: nox.Session, backend: str, selected: list[str]) -> bool:

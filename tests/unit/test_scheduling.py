@@ -226,9 +226,30 @@ def test_the_dry_run_prints_the_plan_and_starts_nothing(run):
 
 
 def test_more_workers_than_cpu_slots_are_not_started(run):
-    result, *_ = run("mocker", "-n", "5", "--collect-only")
-    # A mocker case keeps half a CPU busy: four fit on two CPUs, the fifth does not.
+    result, *_ = run("mocker", "-n", "13", "--collect-only")
+    # A mocker case keeps 0.16 of a CPU busy: twelve fit on two CPUs, the thirteenth does not.
     assert (
-        "handoff: 5 xdist workers asked for, 4 started: 2 CPUs in the test's mask, "
-        "0.5 CPUs a case" in result.stdout.str()
+        "handoff: 13 xdist workers asked for, 12 started: 2 CPUs in the test's mask, "
+        "0.16 CPUs a case" in result.stdout.str()
     )
+
+
+def test_n_auto_starts_as_many_workers_as_fit_the_cpu_slots(run):
+    """xdist's own -n auto counts physical cores (2 here), one case each; a mocker case
+    mostly waits, so twelve fit."""
+    result, *_ = run("mocker", "-n", "auto", "--collect-only")
+    assert (
+        "handoff: -n auto starts 12 xdist workers: 2 CPUs in the test's mask, 0.16 CPUs a case"
+        in result.stdout.str()
+    )
+
+
+def test_dealt_gives_each_worksteal_share_one_of_the_longest_cases():
+    """Longest first, dealt back and forth: worksteal's contiguous shares, the smaller first
+    (13 items on 4 workers: 3, 3, 3, 4), each begin with one of the longest cases."""
+    lengths = [37, 25, 25, 22, 11, 10, 10, 7, 6, 5, 3, 2, 1]
+    order = scheduling.dealt(lengths, 4)  # items are only reordered: any objects do
+    shares = [order[0:3], order[3:6], order[6:9], order[9:13]]
+    assert sorted(share[0] for share in shares) == [22, 25, 25, 37]
+    assert all(share == sorted(share, reverse=True) for share in shares)
+    assert sorted(order) == sorted(lengths)

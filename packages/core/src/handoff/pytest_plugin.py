@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import io
 import os
@@ -90,7 +91,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--handoff-fresh",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="start every case's workers anew, as Dynamo's own suite does (default: "
         "fresh_deployments of [tool.handoff], else warm worker pools)",
@@ -112,11 +113,14 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
     # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
-    scheduler = scheduling.Scheduler(config, cpus_per_case(config))
+    scheduler = scheduling.Scheduler(config, cpus_per_case(config), recorded_seconds(config))
     config.pluginmanager.register(scheduler, "handoff-scheduler")
     if getattr(config.option, "dist", "no") == "load" and pooled(config):
         # Each xdist worker keeps its own pools: hand it every case of a pool, in turn.
         config.option.dist = "loadgroup"
+    elif getattr(config.option, "dist", "no") == "load" and qualifying(config):
+        # A worker done with its share takes cases queued behind a long one elsewhere.
+        config.option.dist = "worksteal"
     if getattr(config, "workerinput", {}).get(LOADGROUP):
         config.option.loadgroup = True  # xdist's worker names each item's group from this
     name = config.getoption("handoff_backend")
@@ -126,7 +130,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RUN_DIR] = own_run_dir(config)
     # The qualification suite always leaves JUnit XML for CI beside its results.json.
     dry_run = config.getoption("handoff_dry_run")
-    if "handoff.qualification" in config.args and not config.option.xmlpath and not dry_run:
+    if qualifying(config) and not config.option.xmlpath and not dry_run:
         config.option.xmlpath = str(config.stash[RUN_DIR] / "junit.xml")
 
 
@@ -142,11 +146,22 @@ def own_run_dir(config: pytest.Config) -> Path:
     return (Path(config.getoption("handoff_logs")) / f"{stamp}-{os.getpid()}").resolve()
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` in a qualification run: as many cases as fit the CPU slots by what one case
+    of the backend keeps busy (xdist's own counts physical cores, and one case a core)."""
+    if not qualifying(config) or not config.getoption("handoff_backend"):
+        return None
+    config.stash[scheduling.AUTO] = True
+    return scheduling.fitting_workers(cpus_per_case(config))[0]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """An xdist worker decides whether to group items from its own command line, which never
     says loadgroup when the controller chose it above: tell it, and its run folder."""
     node.workerinput[LOADGROUP] = node.config.option.dist == "loadgroup"
+    node.workerinput[scheduling.DIST_KEY] = node.config.option.dist
     node.workerinput[RUN_DIR_KEY] = str(node.config.stash[RUN_DIR])
 
 
@@ -184,6 +199,19 @@ def cpus_per_case(config: pytest.Config) -> float:
         return chosen_backend(config).cpus_per_case
     except HandoffError:
         return 1.0
+
+
+def recorded_seconds(config: pytest.Config) -> dict[str, float]:
+    """What each case of the chosen backend took when recorded (none for a bad backend)."""
+    try:
+        return durations.recorded_seconds(chosen_backend(config))
+    except HandoffError:
+        return {}
+
+
+def qualifying(config: pytest.Config) -> bool:
+    """Whether the run is of handoff's cases (`--pyargs handoff.qualification`)."""
+    return "handoff.qualification" in config.args
 
 
 def pooled(config: pytest.Config) -> bool:

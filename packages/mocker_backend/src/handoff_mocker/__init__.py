@@ -38,6 +38,9 @@ KV_CONTEXT = 1024
 LOAD_DECODING = 2
 #: A decode step at speedup ratio 1 (the module's docstring).
 STEP_S = 0.0058
+#: A prefill of the cases' contexts (32 to a few hundred tokens) at speedup ratio 1: 17 ms
+#: measured (344 ms at 0.05).
+PREFILL_S = 0.017
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class Timing:
     #: Simulated KV transfer bandwidth of prefill workers; 0 turns the transfer delay off.
     transfer_gbps: float = 0.0
     decode_speedup: float = 1.0
+    #: How fast the worker prefills, against the speedup ratio (its decode keeps
+    #: `decode_speedup`).
+    prefill_speedup: float = 1.0
 
 
 #: (topology, fault) -> timing. Margins allow for the harness being late to the fault: on an
@@ -88,9 +94,19 @@ ONE_REQUEST = {
 #: stand out from every stall of the client's reading, where the re-prefill alone (about 40 ms)
 #: would not on a loaded machine.
 DECODE_TRANSFER_GBPS = 32 * KV_BYTES_PER_TOKEN / 0.25 / GB
+#: An aggregated worker prefills 20x slower than the mocker's ratio 1 and decodes as fast: a
+#: migrated stream's new worker prefills the re-issued context for about 350 ms before its
+#: first token, where the re-prefill alone (about 25 ms) did not stand out from the stalls of
+#: a client reading beside eleven other cases on two cores (53 ms seen): that pause is where
+#: its tokens begin (continuity.boundary), as a decode worker's transfer is.
+AGGREGATED_PREFILL = 0.05
+AGGREGATED = {
+    fault: replace(timing, prefill_speedup=AGGREGATED_PREFILL)
+    for fault, timing in ONE_REQUEST.items()
+}
 TIMINGS = {
     **{
-        ("aggregate", fault): ONE_REQUEST[fault]
+        ("aggregate", fault): AGGREGATED[fault]
         for fault in topology("aggregate").allowed()["fault"]
     },
     **{
@@ -98,13 +114,13 @@ TIMINGS = {
         for fault in topology("decode").allowed()["fault"]
     },
     **{
-        (name, fault): Timing(32, 900)
-        for name in ("load", "decode_load")
+        (name, fault): Timing(32, 900, prefill_speedup=prefill)
+        for name, prefill in (("load", AGGREGATED_PREFILL), ("decode_load", 1.0))
         for fault in topology(name).allowed()["fault"]
     },
-    **{(name, fault): ONE_REQUEST[fault] for name in ("guided", "choices") for fault in KILLS},
+    **{(name, fault): AGGREGATED[fault] for name in ("guided", "choices") for fault in KILLS},
     **{
-        ("abandoned", fault): ONE_REQUEST[first or "worker_failure"]
+        ("abandoned", fault): AGGREGATED[first or "worker_failure"]
         for fault, first in ABANDONS.items()
     },
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
@@ -153,9 +169,10 @@ class MockerBackend(Backend):
         "load_requests": 8,
     }
     #: The mocker serves its own tokenizer-only model and needs no image or model cache.
-    #: Measured: the 18 pre-merge cases take 20.1 CPU-s in 49.5 s at -n 1 (0.41 CPUs a case;
-    #: benchmarks/RESULTS.md); a case mostly waits on its request and its fault.
-    cpus_per_case = 0.5
+    #: Measured: the 58 pre-merge cases, 12 at a time on 2 CPUs, kept the CPUs busy 84.8
+    #: CPU-s over 531.6 s of their own time (0.16 CPUs a case; benchmarks/RESULTS.md): a case
+    #: mostly waits on its request, its fault and the frontend's timeouts.
+    cpus_per_case = 0.16
     distinct_prompts = DISTINCT_PROMPTS
     nondeterministic_because = "the mocker draws each token at random"
     #: The mocker emits one token per step and the frontend forwards each in its own frame.
@@ -196,7 +213,7 @@ class MockerBackend(Backend):
         """The speed of the mocker's decode and transfer, set per fault by its timing, and the
         requests it decodes at once where that is limited."""
         timing = timing_of(case)
-        speeds = (timing.decode_speedup, timing.transfer_gbps)
+        speeds = (timing.decode_speedup, timing.transfer_gbps, timing.prefill_speedup)
         decoding = self.decoding_at_once(case)
         return speeds if decoding is None else (*speeds, f"seqs{decoding}")
 
@@ -207,8 +224,8 @@ class MockerBackend(Backend):
         engine's own KV events can (`emit_kv_token_ids` needs `emit_kv_events`)."""
         timing = timing_of(case)
         engine: dict[str, object] = {
-            "speedup_ratio": self.speedup_ratio,
-            "decode_speedup_ratio": timing.decode_speedup,
+            "speedup_ratio": self.speedup_ratio * timing.prefill_speedup,
+            "decode_speedup_ratio": timing.decode_speedup / timing.prefill_speedup,
             "worker_type": {"aggregate": "aggregated"}.get(role, role),
             "kv_transfer_bytes_per_token": KV_BYTES_PER_TOKEN,
             "emit_kv_events": True,
@@ -264,10 +281,11 @@ class MockerBackend(Backend):
         return count(text)
 
     def nominal_response_s(self, case: Case, shape: Shape) -> float | None:
-        """The simulated transfer, then one step a token at the case's speeds."""
+        """The simulated transfer, the prefill, then one step a token at the case's speeds."""
         timing = timing_of(case)
+        prefill_s = PREFILL_S / (self.speedup_ratio * timing.prefill_speedup)
         steps_s = shape.max_tokens * STEP_S / (self.speedup_ratio * timing.decode_speedup)
-        return (self.kv_transfer_floor_s(case) or 0.0) + steps_s
+        return (self.kv_transfer_floor_s(case) or 0.0) + prefill_s + steps_s
 
     def decoding_at_once(self, case: Case) -> int | None:
         return LOAD_DECODING if topology(case.topology).load else None

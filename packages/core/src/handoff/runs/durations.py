@@ -27,6 +27,16 @@ def path_for(backend: Backend) -> Path:
     return FOLDER / f"{label}.json"
 
 
+def recorded_seconds(backend: Backend) -> dict[str, float]:
+    """Case key (`<topology>/<case id>`) -> the seconds its durations file records; empty
+    where the backend has no such file or it cannot be read."""
+    try:
+        recorded = json.loads(path_for(backend).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {nodeid.rpartition("[")[2].rstrip("]"): float(s) for nodeid, s in recorded.items()}
+
+
 def median_durations(runs: list[RunResults]) -> tuple[dict[str, float], int]:
     """Node id -> seconds for every case of the runs' selections: the median over the runs of
     a case that ran; else the median of its topology's cases, else of all of them. Returns the

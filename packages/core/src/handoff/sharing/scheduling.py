@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
@@ -99,13 +100,65 @@ def is_case(item: pytest.Item) -> bool:
     return "handoff_case" in getattr(item, "fixturenames", ())
 
 
+#: The workerinput key by which the controller tells an xdist worker how it distributes items
+#: (a worker's own command line always says none).
+DIST_KEY = "handoff_dist"
+
+
+#: Set where `-n auto` was answered by `fitting_workers` (pytest_plugin).
+AUTO = pytest.StashKey[bool]()
+
+
+def fitting_workers(cpus_per_case: float) -> tuple[int, str]:
+    """How many cases fit on this machine's CPU slots at once, and why: a case that waits
+    costs no CPU, so a backend whose cases mostly wait fits several to a CPU."""
+    try:
+        slots = cpu_slots()
+    except HandoffError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    if slots.chosen:
+        return slots.count, slots.why
+    fit = max(1, math.floor(slots.count / cpus_per_case))
+    return fit, f"{slots.why}, {cpus_per_case:g} CPUs a case"
+
+
+def stealing_lanes(config: pytest.Config) -> int:
+    """How many xdist workers share the run's items under worksteal, as a worker sees it; 1
+    for any other distribution, or none."""
+    workerinput = getattr(config, "workerinput", {})
+    if workerinput.get(DIST_KEY) != "worksteal":
+        return 1
+    return int(workerinput.get("workercount", 1))
+
+
+def dealt(ordered: list[pytest.Item], lanes: int) -> list[pytest.Item]:
+    """`ordered` (longest first) dealt to `lanes` in turn, back and forth, then the lanes one
+    after another, those with fewer cases first: xdist's worksteal hands each worker a
+    contiguous share of the items, the first workers the smaller shares, so each worker starts
+    with one of the longest cases and the shares are about even; a worker that runs out takes
+    half of the longest queue left."""
+    shares: list[list[pytest.Item]] = [[] for _ in range(lanes)]
+    for n, item in enumerate(ordered):
+        turn, at = divmod(n, lanes)
+        shares[at if turn % 2 == 0 else lanes - 1 - at].append(item)
+    shares.sort(key=len)  # stable: the lanes of the longest cases stay first among equals
+    return [item for share in shares for item in share]
+
+
 class Scheduler:
     """Registered by the handoff pytest plugin at configure time, in the controller and in
     every xdist worker."""
 
-    def __init__(self, config: pytest.Config, cpus_per_case: float = 1.0) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        cpus_per_case: float = 1.0,
+        recorded_s: Mapping[str, float] | None = None,
+    ) -> None:
         self.config = config
         self.cpus_per_case = cpus_per_case
+        #: Case key -> the seconds it took when recorded (`runs.durations`).
+        self.recorded_s = dict(recorded_s or {})
         self.budget = config.getoption("max_vram_gib")
         self.dry_run = config.getoption("handoff_dry_run")
         self.notes: list[str] = []
@@ -135,19 +188,15 @@ class Scheduler:
         if not workers or not qualifying or any(spec != "popen" for spec in workers):
             self.slots = max(1, len(workers))
         else:
-            try:
-                slots = cpu_slots()
-            except HandoffError as exc:
-                raise pytest.UsageError(str(exc)) from exc
-            per_case = self.cpus_per_case
-            fit = slots.count if slots.chosen else max(1, math.floor(slots.count / per_case))
+            fit, why = fitting_workers(self.cpus_per_case)
             self.slots = min(len(workers), fit)
             if len(workers) > fit:
                 option.tx = ["popen"] * fit
                 self.notes.append(
-                    f"handoff: {len(workers)} xdist workers asked for, {fit} started: "
-                    f"{slots.why}, {per_case:g} CPUs a case"
+                    f"handoff: {len(workers)} xdist workers asked for, {fit} started: {why}"
                 )
+            elif self.config.stash.get(AUTO, False):
+                self.notes.append(f"handoff: -n auto starts {fit} xdist workers: {why}")
         if self.dry_run and workers:
             option.tx, option.dist = [], "no"
 
@@ -172,9 +221,11 @@ class Scheduler:
         longest: dict[str, float] = {}  # each pool's longest case
         for n, item in enumerate(cases):
             first.setdefault(pool_of(item), n)
-            longest[pool_of(item)] = max(longest.get(pool_of(item), 0.0), demand(item).timeout_s)
+            longest[pool_of(item)] = max(longest.get(pool_of(item), 0.0), self.length(item))
         # A pool's cases run one after another, pools longest first.
         order = sorted(cases, key=lambda i: (-longest[pool_of(i)], first[pool_of(i)]))
+        if (lanes := stealing_lanes(config)) > 1:
+            order = dealt(order, lanes)
         ordered = iter(order)
         items[:] = [next(ordered) if is_case(i) else i for i in items]
         demands = {i: demand(i) for i in items if is_case(i)}
@@ -195,6 +246,12 @@ class Scheduler:
             self.planned = plan_lines(plan(list(demands.values()), rooms, self.slots))
             config.hook.pytest_deselected(items=list(items))
             items[:] = []
+
+    def length(self, item: pytest.Item) -> float:
+        """How long a case is expected to take: as recorded, else its timeout marker (a case
+        never recorded counts as long)."""
+        wanted = demand(item)
+        return self.recorded_s.get(wanted.key, wanted.timeout_s)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.skipped and isinstance(report.longrepr, (tuple, list)):
