@@ -120,8 +120,14 @@ class IsolatedRuns:
 
         def bound() -> tuple[bool | None, dict[int, str]]:
             """A SIGKILLed multi-threaded process frees its sockets as its threads exit, a
-            moment after the reaper's kill: poll, and name whoever still listens."""
-            busy = [int(lock.stem) for lock in leases if not bindable(int(lock.stem))]
+            moment after the reaper's kill: poll, and name whoever still listens. A port that
+            a process of another test took once the run let it go is not the run's: the run
+            leased from a folder of its own, which the other tests do not see."""
+            busy = [
+                int(lock.stem)
+                for lock in leases
+                if not bindable(int(lock.stem)) and listening_pid(int(lock.stem)) in started
+            ]
             return (None if busy else True), {port: listener(port) for port in busy}
 
         poll_until(bound, Deadline(15), "the run's leased ports to be bindable again")
@@ -166,3 +172,11 @@ def alive(pid: int, started: float) -> bool:
         return abs(proc.create_time() - started) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid that listens on `port`, None where none does (or it cannot be seen)."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            return conn.pid
+    return None
