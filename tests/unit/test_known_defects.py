@@ -6,6 +6,8 @@ decode_race case on vLLM's CPU engine, 2026-12-04);
 tests/e2e/test_known_defects_hide_nothing.py makes a second failure happen beside each defect.
 A Dynamo that keeps the promise cannot be run here, so its pass is shown on a verdict."""
 
+import re
+
 import pytest
 
 from handoff.policies import KNOWN_DEFECTS, KNOWN_RACES
@@ -35,6 +37,7 @@ STREAM_0 = (
 UNARY_3 = (
     "request 3 (unary, id 582af623-5581-4372-8c7e-be6e7f4c8d56, decoding on worker-1-aggregate): "
 )
+STREAM_0_ON_4 = STREAM_0.replace("worker-1-aggregate", "worker-4-aggregate")
 QUEUED_5 = (
     "request 5 (unary, id ca83d2e3-759a-4b32-b894-4072ac83e289, queued on worker-4-aggregate): "
 )
@@ -78,7 +81,7 @@ DRAINED = {
         "migration counter succeeded = 0, expected 3",
     ],
     "load/max_seq_len_exceeded-drain_expired-chat-tcp": [
-        f"{STREAM_0}policy max_seq_len_exceeded {WANTED_503} an SSE error frame: {FRAME_500}",
+        f"{STREAM_0_ON_4}policy max_seq_len_exceeded {WANTED_503} an SSE error frame: {FRAME_500}",
         f"{QUEUED_5}policy max_seq_len_exceeded {WANTED_503} HTTP 500: {BODY_500_DETAILED}",
         "the frontend counted no migration at all: worker-4-aggregate held 3 requests when faulted",
         "migration counter ongoing_request = 0, expected 3",
@@ -163,7 +166,12 @@ EXTRA = {
 
 
 def judged(reasons: list[str], defect) -> Verdict:
-    return against_known_defect(Verdict(False, list(reasons), "verdict"), defect)
+    """The verdict against `defect`, with the worker the reasons say was faulted."""
+    said = " | ".join(reasons)
+    faulted = re.search(r"(worker-\d+-[a-z]+)(?:, which was faulted| held \d+ requests)", said)
+    return against_known_defect(
+        Verdict(False, list(reasons), "verdict"), defect, faulted.group(1) if faulted else None
+    )
 
 
 @pytest.mark.parametrize(("defect", "key", "reasons"), SEEN, ids=[k for _, k, _ in SEEN])
@@ -203,6 +211,16 @@ def test_any_other_reason_beside_the_defect_is_a_plain_failure_naming_both(
         extra,
         f"not {defect.issue} alone: it does not explain: {extra}",
     ]
+
+
+def test_a_healthy_workers_request_failing_like_the_drained_ones_is_a_plain_failure():
+    """Under load the drained worker's requests end with the 500; a request decoding on
+    another worker that ends the same way is not the defect's doing."""
+    reasons = DRAINED["load/migration_enabled-drain_expired-chat-tcp"]  # worker-1 faulted
+    bystander = f"{QUEUED_5}expected a complete response, got HTTP 500: {BODY_500}"
+    verdict = judged([*reasons, bystander], DRAIN)
+    assert verdict.upstream_defect == ""
+    assert verdict.reasons[-1] == f"not Dynamo issue 13952 alone: it does not explain: {bystander}"
 
 
 def test_each_reason_the_defect_does_not_explain_is_listed():

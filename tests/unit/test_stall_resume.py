@@ -10,7 +10,7 @@ import pytest
 
 from handoff.faults import FaultReport
 from handoff.history import History
-from handoff.responses.recovery import RESUME_BY_S, Heal
+from handoff.responses.recovery import MOVE_SETTLE_S, RESUME_BY_S, Heal
 
 
 class Holder:
@@ -37,8 +37,12 @@ def report(fault: str, cut: Cut | None = None) -> FaultReport:
     return FaultReport(fault, "worker-1-decode", 1, ("SIGSTOP",), False, cut=cut)
 
 
-def response(chunks: int, finished: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(response=SimpleNamespace(content_chunks=chunks), finished=finished)
+def response(chunks: int, finished: bool = False, stream: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(
+        response=SimpleNamespace(content_chunks=chunks),
+        finished=finished,
+        request=SimpleNamespace(stream=stream),
+    )
 
 
 def resumes(history: History) -> list[dict]:
@@ -48,11 +52,11 @@ def resumes(history: History) -> list[dict]:
 def test_a_stalled_worker_stays_stopped_until_the_successor_streams_then_resumes_once():
     holder, history = Holder(), History()
     heal = Heal(holder, report("worker_stall"), history)
-    heal.after_move(response(12))  # the move counted; nothing from the successor yet
-    heal.after_move(response(12))
+    heal.after_move([response(12)])  # the move counted; nothing from the successor yet
+    heal.after_move([response(12)])
     assert holder.signals == [] and not heal.done
-    heal.after_move(response(13))
-    heal.after_move(response(14))
+    heal.after_move([response(13)])
+    heal.after_move([response(14)])
     heal()
     assert holder.signals == [signal.SIGCONT]
     assert len(resumes(history)) == 1
@@ -61,8 +65,8 @@ def test_a_stalled_worker_stays_stopped_until_the_successor_streams_then_resumes
 def test_a_stalled_worker_resumes_when_the_response_ends_without_a_successor():
     holder = Holder()
     heal = Heal(holder, report("worker_stall"), History())
-    heal.after_move(response(12))
-    heal.after_move(response(12, finished=True))
+    heal.after_move([response(12)])
+    heal.after_move([response(12, finished=True)])
     assert holder.signals == [signal.SIGCONT]
 
 
@@ -70,16 +74,43 @@ def test_a_stalled_worker_resumes_by_the_lease_bound_deadline_whatever_the_succe
     holder = Holder()
     heal = Heal(holder, report("worker_stall"), History())
     assert heal.resume_by - time.monotonic() == pytest.approx(RESUME_BY_S, abs=0.5)
-    heal.after_move(response(12))
-    heal.resume_by = time.monotonic() - 0.01
-    heal.after_move(response(12))
+    heal.after_move([response(12)])
+    heal.resume_by = heal.moved_at = time.monotonic() - MOVE_SETTLE_S - 0.01
+    heal.after_move([response(12)])
+    assert holder.signals == [signal.SIGCONT]
+
+
+def test_a_move_counted_past_the_lease_bound_deadline_still_waits_its_settling_time():
+    """Run again within milliseconds of the move, the worker can miss the cancellation
+    (Dynamo 13088): a late move does not bring it back at once."""
+    holder = Holder()
+    heal = Heal(holder, report("worker_stall"), History())
+    heal.resume_by = time.monotonic() - 0.01  # the move comes after the deadline
+    heal.after_move([response(12)])
+    heal.after_move([response(12)])
+    assert holder.signals == []
+    heal.moved_at -= MOVE_SETTLE_S
+    heal.after_move([response(12)])
+    assert holder.signals == [signal.SIGCONT]
+
+
+def test_a_worker_that_held_several_requests_waits_for_each_successor():
+    """Under load: each moved stream must have streamed from its successor, and a moved unary
+    request must have ended, before the worker runs again."""
+    holder = Holder()
+    heal = Heal(holder, report("worker_stall"), History())
+    heal.after_move([response(5), response(0, stream=False), response(9)])
+    heal.after_move([response(6), response(0, stream=False), response(9)])
+    heal.after_move([response(6), response(0, stream=False), response(10)])
+    assert holder.signals == []
+    heal.after_move([response(7), response(0, finished=True, stream=False), response(11)])
     assert holder.signals == [signal.SIGCONT]
 
 
 def test_a_partition_heals_as_soon_as_the_move_is_counted():
     holder, cut, history = Holder(), Cut(), History()
     heal = Heal(holder, report("partition", cut), history)
-    heal.after_move(response(12))
-    heal.after_move(response(13))
+    heal.after_move([response(12)])
+    heal.after_move([response(13)])
     assert cut.healed == 1 and holder.signals == []
     assert resumes(history)[0]["packets_dropped"] == 7

@@ -143,16 +143,28 @@ class KnownDefect:
     def describe(self) -> str:
         return f"{self.issue}: {self.promise}"
 
-    def unexplained(self, reasons: Sequence[str]) -> list[str]:
-        """The reasons none of the defect's patterns matches whole."""
-        return [r for r in reasons if not any(p.fullmatch(r) for p in self.explains)]
+    def unexplained(self, reasons: Sequence[str], faulted: str | None = None) -> list[str]:
+        """The reasons none of the defect's patterns matches whole, or matches about a request
+        on a worker other than `faulted` (where known)."""
+
+        def explained(reason: str) -> bool:
+            for pattern in self.explains:
+                if (found := pattern.fullmatch(reason)) is not None:
+                    on = found.groupdict().get("on")
+                    return faulted is None or on is None or on == faulted
+            return False
+
+        return [r for r in reasons if not explained(r)]
 
 
 #: What the reasons of the known defects vary by: the worker, a load case's request (its label
 #: leads each reason about it: responses.load.Held.label), and the frontend's 500 as the client
 #: reads it (an HTTP 500's body, or an SSE error frame).
 WORKER = r"worker-\d+-[a-z]+"
-A_REQUEST = rf"(?:request \d+ \((?:stream|unary), id [\w-]+(?:, [a-z ]+ on {WORKER})?\): )?"
+#: A load case's request, where the reason is about one: the worker it names (`on`) must be
+#: the faulted one (`KnownDefect.unexplained`), or a healthy worker's failure would pass for
+#: the defect.
+A_REQUEST = rf"(?:request \d+ \((?:stream|unary), id [\w-]+(?:, [a-z ]+ on (?P<on>{WORKER}))?\): )?"
 INTERNAL_ERROR = (
     r"\{'message': 'Internal server error', 'type': '(?:Internal Server Error|"
     r"internal_server_error)', 'code': 500(?:, 'details': \{'backend_status': 500\})?\}"

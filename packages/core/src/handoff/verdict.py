@@ -230,14 +230,17 @@ def judge(
     return Verdict(not problems, problems, "verdict", unproven=list(unproven))
 
 
-def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdict:
+def against_known_defect(
+    verdict: Verdict, defect: KnownDefect | None, faulted: str | None = None
+) -> Verdict:
     """A case that runs into a known upstream defect on purpose: failed with the defect's
     every sign and for no reason it does not explain, it is that defect (a strict expected
     failure; not proven if it also left a check unmade); with its signs and other reasons too,
     a plain failure that names the defect and each reason it does not explain, so that the
     defect hides no second failure; failed otherwise, a plain failure; passed, or not proven
     with no failure, it fails too, saying that the fix has arrived: no check made showed the
-    defect."""
+    defect. `faulted`: the worker the case faulted, where a reason about a request names the
+    request's worker (a load case's)."""
     if defect is None:
         return verdict
     if not verdict.reasons:  # passed, or not proven: the defect showed in no check made
@@ -254,7 +257,7 @@ def against_known_defect(verdict: Verdict, defect: KnownDefect | None) -> Verdic
     said = " | ".join(verdict.reasons)
     if not all(sign in said for sign in defect.signature):
         return verdict
-    unexplained = defect.unexplained(verdict.reasons)
+    unexplained = defect.unexplained(verdict.reasons, faulted)
     if unexplained:
         verdict.reasons = [
             *verdict.reasons,

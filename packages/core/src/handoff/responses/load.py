@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -112,7 +111,7 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     history.record("response_bound", seconds=round(bound_s, 1), why=why)
     await_all(
         loaded.held, deployment, loaded.before.counts, deadline.within(bound_s), why, history,
-        (heal, len(cut)) if case.fault in SILENT and not outlives_lease else None,
+        (heal, cut) if case.fault in SILENT and not outlives_lease else None,
     )  # fmt: skip
     for h in loaded.held:
         waits.record_response(h.inflight, history, request=h.n)
@@ -127,7 +126,7 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     verdict.passed = not verdict.reasons and not verdict.unproven
     # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
     defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
-    return against_known_defect(verdict, defect)
+    return against_known_defect(verdict, defect, victim.name)
 
 
 def send_load(
@@ -466,21 +465,21 @@ def await_all(
     deadline: Deadline,
     why: str,
     history: History,
-    heal_at: tuple[Callable[[], None], int] | None = None,
+    heal_at: tuple[recovery.Heal, list[Held]] | None = None,
 ) -> None:
     """Wait for every response to end, noting when the frontend first counts a migration; one
     still open at the bound fails the case as hung, naming it, its worker and its last token.
-    `heal_at` (a heal and a number of requests): the heal is called once the frontend has
-    counted that many moves, so that a silent worker comes back while the moved requests still
-    stream from their successors."""
+    `heal_at` (a heal and the requests the worker held): once the frontend has counted a move
+    of each, the heal decides when the silent worker comes back (`recovery.Heal.after_move`),
+    while the moved requests still stream from their successors."""
     metrics_url = deployment.base_url + "/metrics"
     migration = waits.FirstMigration(metrics_url, deployment.model_name, before, history)
 
     def probe() -> tuple[bool | None, str]:
-        if migration.seen is None or (heal_at and migration.moves < heal_at[1]):
+        if migration.seen is None or (heal_at and migration.moves < len(heal_at[1])):
             migration.read()
-            if heal_at and migration.moves >= heal_at[1]:
-                heal_at[0]()
+        if heal_at and migration.moves >= len(heal_at[1]):
+            heal_at[0].after_move([h.inflight for h in heal_at[1]])
         still = [h.n for h in held if not h.inflight.finished]
         return (None if still else True), f"requests {still} open"
 

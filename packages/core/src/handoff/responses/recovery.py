@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import requests
@@ -44,6 +44,10 @@ DISCOVERY_LEASE_S = 10.0
 #: whether or not the successor has streamed: three quarters of the lease, so that its
 #: keep-alive runs in time.
 RESUME_BY_S = 0.75 * DISCOVERY_LEASE_S
+#: The least time between the move being counted and the worker running again, however late
+#: the move: within milliseconds of it the worker can miss the frontend's cancellation
+#: (docs/known-issues.md, Dynamo issue 13088).
+MOVE_SETTLE_S = 1.0
 #: What the resumed worker is asked, one short request at a time, until it takes one.
 REJOIN_TOKENS = 4
 #: How long that refusal may take: every attempt the migration limit allows, each a timeout,
@@ -108,8 +112,8 @@ def record_fault(
 class Heal:
     """Heals a stalled or cut-off worker, once: SIGCONT, or the partition's rules removed.
 
-    Once the frontend has moved what the worker held, the worker runs again as soon as the
-    successor has streamed a token (`after_move`), so that the rest of the response is judged
+    Once the frontend has moved what the worker held, the worker runs again as soon as each
+    moved stream's successor has streamed a token (`after_move`), so that the rest is judged
     with the worker back (it must take no late token from it). Not sooner: run again within
     milliseconds of the move, it can miss the frontend's cancellation, decode the request it
     lost for seconds, and hold up the request re-issued under the same id until the user's
@@ -117,8 +121,9 @@ class Heal:
     race case (`at_move`) runs it again at the move, on purpose.
     Once the move is counted, it is back long before its discovery lease runs out
     (`RESUME_BY_S`): a stall that outlives it leaves Dynamo 1.6.1 never routing to the worker
-    again. Called again once the responses have ended, in case the frontend never counted the
-    move: until then a stall stays a stall, so that a frontend that never moves it hangs."""
+    again; but never within `MOVE_SETTLE_S` of the move. Called again once the responses have
+    ended, in case the frontend never counted the move: until then a stall stays a stall, so
+    that a frontend that never moves it hangs."""
 
     def __init__(
         self, holder: Worker, report: faults.FaultReport, history: History, at_move: bool = False
@@ -129,20 +134,22 @@ class Heal:
         self.holder, self.report, self.history = holder, report, history
         self.at_move = at_move
         self.resume_by = time.monotonic() + RESUME_BY_S
-        self.streamed_at_move: int | None = None
+        self.streamed_at_move: list[int] | None = None
+        self.moved_at = 0.0
         self.done = False
 
-    def after_move(self, inflight: InFlight) -> None:
-        """Called on every look at the response once the frontend has counted the move."""
+    def after_move(self, moved: Sequence[InFlight]) -> None:
+        """Called on every look at the responses the worker held, once the frontend has
+        counted their moves."""
+        streamed = [inflight.response.content_chunks for inflight in moved]
         if self.streamed_at_move is None:
-            self.streamed_at_move = inflight.response.content_chunks
-        if (
-            self.report.fault not in SILENT
-            or self.at_move
-            or inflight.response.content_chunks > self.streamed_at_move
-            or inflight.finished
-            or time.monotonic() >= self.resume_by
-        ):
+            self.streamed_at_move, self.moved_at = streamed, time.monotonic()
+        successors_streamed = all(
+            inflight.finished or (inflight.request.stream and now > then)
+            for inflight, now, then in zip(moved, streamed, self.streamed_at_move, strict=True)
+        )
+        late = time.monotonic() >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
+        if self.report.fault not in SILENT or self.at_move or successors_streamed or late:
             self()
 
     def __call__(self) -> None:

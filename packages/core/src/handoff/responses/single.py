@@ -374,7 +374,7 @@ def await_response(
             checked[0] = time.monotonic()
             migration.read()
         if migration.seen is not None and heal is not None:
-            heal.after_move(inflight)
+            heal.after_move([inflight])
         if inflight.finished:
             return True, ""
         if silence and (hung := silence.broken(inflight.response, time.monotonic())):
