@@ -467,3 +467,30 @@ def test_no_move_counted_and_no_takeover_is_a_note():
     )
     assert result.problems == result.unproven == []
     assert "no migration counted: the request's context was never re-issued" in result.notes
+
+
+def whole(response: Response) -> Response:
+    """The recorded response as a unary one reads it: one frame, the whole text."""
+    last = response.chunks[-1]
+    data = copy.deepcopy(last.data)
+    data["choices"] = [{"index": 0, "text": response.text, "finish_reason": "length"}]
+    return Response(status=response.status, chunks=[Chunk(last.at, data)], done=True)
+
+
+@pytest.mark.parametrize("received", [8, 9, 20])
+def test_a_unary_context_carrying_fewer_tokens_than_the_frontend_had_fails(received):
+    """A unary response is read whole, so nothing the client read dates a token; but the
+    frontend's own count before the fault (the in-flight proof) is a floor of what the context
+    it re-issues carries (8 tokens here): fewer, and the difference was lost at the move."""
+    response = whole(recorded())
+    moved = replace(migration(recorded()), carried_at_least=received)
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=moved)
+    lost = [p for p in result.problems if "lost at the migration" in p]
+    if received <= 8:
+        assert lost == []
+    else:
+        assert lost == [
+            f"the frontend had received {received} tokens from the faulted worker before the "
+            f"fault, but the re-issued context carried 8 (usage.prompt_tokens 40 - prompt 32): "
+            f"{received - 8} lost at the migration"
+        ]

@@ -105,6 +105,9 @@ class Migration:
     #: the case waits for it (a KV transfer the backend simulates): the re-issued request is
     #: sent after the fault and waits for its own transfer.
     first_token_floor_s: float | None = None
+    #: Tokens the frontend had received from the faulted worker before the fault (a unary
+    #: response's in-flight proof): every one of them is in the context it re-issues.
+    carried_at_least: int = 0
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,13 @@ def context_problems(
     carried = context - prompt
     if carried < 0:
         return [f"usage.prompt_tokens is {context}, below the {prompt} of the prompt"]
+    if carried < migration.carried_at_least:
+        return [
+            f"the frontend had received {migration.carried_at_least} tokens from the faulted "
+            f"worker before the fault, but the re-issued context carried {carried} "
+            f"(usage.prompt_tokens {context} - prompt {prompt}): "
+            f"{migration.carried_at_least - carried} lost at the migration"
+        ]
     frames = [(c.at, count(c.text)) for c in response.chunks if c.text]
     if taken is None:
         return unclaimed(context, prompt, frames, migration, result)

@@ -145,13 +145,15 @@ def migration_evidence(
     prompt: float,
     moved: bool,
     history: History,
+    carried_at_least: int = 0,
     **label: object,
 ) -> continuity.Migration:
     """What the re-issued context is judged with beside the stream: the prompt's length as the
     frontend tokenized it (`prompt`), when the fault was sent, which other worker of the faulted
     role logged receiving it, whether the frontend counted a move, what that worker's engine
     holds after the prompt of `request_made` (`Backend.received_context`), and the least time
-    any first token of the case takes (its simulated KV transfer). `label` goes on the
+    any first token of the case takes (its simulated KV transfer); `carried_at_least`: the
+    tokens the frontend had received before the fault, where known. `label` goes on the
     history's event: which of many requests it was."""
     backend, role = deployment.backend, topology(case.topology).target_role
     # The last fault: a race case's trials share one history.
@@ -175,4 +177,6 @@ def migration_evidence(
         **label,
     )
     floor = backend.kv_transfer_floor_s(case)
-    return continuity.Migration(int(prompt), fault_at, taken, moved, received, floor)
+    return continuity.Migration(
+        int(prompt), fault_at, taken, moved, received, floor, carried_at_least
+    )

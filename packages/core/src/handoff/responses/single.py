@@ -311,7 +311,7 @@ def judged(
         planned.request, response, planned.owed, expected.completes, backend,
         lambda: evidence.migration_evidence(
             deployment, case, planned.request, sent.holder, response, prompt, counts.moves > 0,
-            history,
+            history, 0 if planned.request.stream else sent.seen,
         ),
     )  # fmt: skip
     if kept.problems or kept.notes or kept.unproven:
