@@ -280,6 +280,22 @@ def boundary(
     return Boundary(pause, True, f"{where}, after {taken.worker} received the request")
 
 
+def too_few_carried(context: int, migration: Migration) -> list[str]:
+    """A context shorter than the prompt, or than the tokens the frontend is known to have
+    received before the fault."""
+    prompt, least = migration.prompt_tokens, migration.carried_at_least
+    carried = context - prompt
+    if carried < 0:
+        return [f"usage.prompt_tokens is {context}, below the {prompt} of the prompt"]
+    if carried < least:
+        return [
+            f"the frontend had received {least} tokens from the faulted worker before the "
+            f"fault, but the re-issued context carried {carried} (usage.prompt_tokens "
+            f"{context} - prompt {prompt}): {least - carried} lost at the migration"
+        ]
+    return []
+
+
 def context_problems(
     response: Response,
     max_tokens: int,
@@ -296,15 +312,8 @@ def context_problems(
         return ["the response has no usage.prompt_tokens: the re-issued context is unknown"]
     prompt, taken = migration.prompt_tokens, migration.takeover
     carried = context - prompt
-    if carried < 0:
-        return [f"usage.prompt_tokens is {context}, below the {prompt} of the prompt"]
-    if carried < migration.carried_at_least:
-        return [
-            f"the frontend had received {migration.carried_at_least} tokens from the faulted "
-            f"worker before the fault, but the re-issued context carried {carried} "
-            f"(usage.prompt_tokens {context} - prompt {prompt}): "
-            f"{migration.carried_at_least - carried} lost at the migration"
-        ]
+    if too_few := too_few_carried(context, migration):
+        return too_few
     frames = [(c.at, count(c.text)) for c in response.chunks if c.text]
     if taken is None:
         return unclaimed(context, prompt, frames, migration, result)
