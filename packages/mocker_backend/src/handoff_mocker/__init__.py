@@ -87,42 +87,40 @@ ONE_REQUEST = {
     "broker_loss": Timing(32, 200),
     "drain_expired": Timing(32, 900),
 }
-#: The decode topology's prefill workers take 0.25 s to transfer the KV of its 32-token prompt
-#: (more for a re-issued context that carries tokens too). A decode worker keeps no record of
-#: the context it received, so where its tokens begin in a migrated stream is told by the pause
-#: before them (continuity.boundary): the transfer of the re-issued request makes that pause
-#: stand out from every stall of the client's reading, where the re-prefill alone (about 40 ms)
-#: would not on a loaded machine.
-DECODE_TRANSFER_GBPS = 32 * KV_BYTES_PER_TOKEN / 0.25 / GB
-#: An aggregated worker prefills 20x slower than the mocker's ratio 1 and decodes as fast: a
-#: migrated stream's new worker prefills the re-issued context for about 350 ms before its
-#: first token, where the re-prefill alone (about 25 ms) did not stand out from the stalls of
-#: a client reading beside eleven other cases on two cores (53 ms seen): that pause is where
-#: its tokens begin (continuity.boundary), as a decode worker's transfer is. Not in a load
-#: case: its bound takes the rate of the slowest stream at the fault, which eight slow
-#: prefills in turn would leave a token or two old.
-AGGREGATED_PREFILL = 0.05
-AGGREGATED = {
-    fault: replace(timing, prefill_ratio=AGGREGATED_PREFILL)
-    for fault, timing in ONE_REQUEST.items()
+#: The workers of one request's cases prefill 20x slower than the mocker's ratio 1 and decode
+#: as fast: a migrated stream's new worker (or the decode topology's prefill worker, for the
+#: new decode worker) prefills the re-issued context for about 350 ms before the first token.
+#: Neither worker keeps a record of the context it received by default, so where the new
+#: worker's tokens begin is told by the pause before them (continuity.boundary): the re-prefill
+#: alone (about 25 ms) did not stand out from the stalls of a client reading beside eleven
+#: other cases on two cores (53 ms seen). The decode topology once made its pause a simulated
+#: KV transfer instead, 0.25 s for the 32-token prompt; but a transfer grows with the tokens
+#: the context carries: a cut that landed late under load (387 tokens through) took 3.3 s,
+#: and Dynamo 1.6.1's HTTP layer ended the moved stream silently at twice the stream timeout
+#: (docs/known-issues.md). Not in a load case: its bound takes the rate of the slowest stream
+#: at the fault, which eight slow prefills in turn would leave a token or two old.
+SLOW_PREFILL = 0.05
+ONE_REQUEST_SLOW_PREFILL = {
+    fault: replace(timing, prefill_ratio=SLOW_PREFILL) for fault, timing in ONE_REQUEST.items()
 }
 TIMINGS = {
     **{
-        ("aggregate", fault): AGGREGATED[fault]
-        for fault in topology("aggregate").allowed()["fault"]
-    },
-    **{
-        ("decode", fault): replace(ONE_REQUEST[fault], transfer_gbps=DECODE_TRANSFER_GBPS)
-        for fault in topology("decode").allowed()["fault"]
+        (name, fault): ONE_REQUEST_SLOW_PREFILL[fault]
+        for name in ("aggregate", "decode")
+        for fault in topology(name).allowed()["fault"]
     },
     **{
         (name, fault): Timing(32, 900)
         for name in ("load", "decode_load")
         for fault in topology(name).allowed()["fault"]
     },
-    **{(name, fault): AGGREGATED[fault] for name in ("guided", "choices") for fault in KILLS},
     **{
-        ("abandoned", fault): AGGREGATED[first or "worker_failure"]
+        (name, fault): ONE_REQUEST_SLOW_PREFILL[fault]
+        for name in ("guided", "choices")
+        for fault in KILLS
+    },
+    **{
+        ("abandoned", fault): ONE_REQUEST_SLOW_PREFILL[first or "worker_failure"]
         for fault, first in ABANDONS.items()
     },
     ("kv_transfer", "worker_failure"): Timing(823, 192, 0.001, decode_speedup=0.3),
