@@ -494,3 +494,13 @@ def test_a_unary_context_carrying_fewer_tokens_than_the_frontend_had_fails(recei
             f"fault, but the re-issued context carried 8 (usage.prompt_tokens 40 - prompt 32): "
             f"{received - 8} lost at the migration"
         ]
+
+
+def test_a_unary_response_never_moved_keeps_the_bare_prompt_whatever_the_frontend_had():
+    """A fault that moves nothing (the broker's) leaves the context the prompt: the count of
+    tokens before the fault says nothing of it."""
+    response = whole(recorded())
+    response.chunks[0].data["usage"]["prompt_tokens"] = PROMPT
+    unmoved = replace(migration(recorded()), moved=False, carried_at_least=29)
+    result = check(response, RECORDED["max_tokens"], COUNT, migration=unmoved)
+    assert not [p for p in result.problems if "lost at the migration" in p]

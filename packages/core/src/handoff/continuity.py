@@ -281,13 +281,14 @@ def boundary(
 
 
 def too_few_carried(context: int, migration: Migration) -> list[str]:
-    """A context shorter than the prompt, or than the tokens the frontend is known to have
-    received before the fault."""
+    """A context shorter than the prompt, or, once the frontend counted a move, than the
+    tokens it is known to have received before the fault (with no move, nothing was
+    re-issued: the context is the prompt)."""
     prompt, least = migration.prompt_tokens, migration.carried_at_least
     carried = context - prompt
     if carried < 0:
         return [f"usage.prompt_tokens is {context}, below the {prompt} of the prompt"]
-    if carried < least:
+    if migration.moved and carried < least:
         return [
             f"the frontend had received {least} tokens from the faulted worker before the "
             f"fault, but the re-issued context carried {carried} (usage.prompt_tokens "
