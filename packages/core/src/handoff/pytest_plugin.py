@@ -115,12 +115,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
     scheduler = scheduling.Scheduler(config, cpus_per_case(config), recorded_seconds(config))
     config.pluginmanager.register(scheduler, "handoff-scheduler")
-    if getattr(config.option, "dist", "no") == "load" and pooled(config):
-        # Each xdist worker keeps its own pools: hand it every case of a pool, in turn.
-        config.option.dist = "loadgroup"
-    elif getattr(config.option, "dist", "no") == "load" and qualifying(config):
-        # A worker done with its share takes cases queued behind a long one elsewhere.
-        config.option.dist = "worksteal"
+    if getattr(config.option, "dist", "no") == "load":
+        if pooled(config):
+            # Each xdist worker keeps its own pools: hand it every case of a pool, in turn.
+            config.option.dist = "loadgroup"
+        elif qualifying(config):
+            # A worker done with its share takes cases queued behind a long one elsewhere.
+            config.option.dist = "worksteal"
     if getattr(config, "workerinput", {}).get(LOADGROUP):
         config.option.loadgroup = True  # xdist's worker names each item's group from this
     name = config.getoption("handoff_backend")

@@ -141,14 +141,17 @@ class Heal:
     def after_move(self, moved: Sequence[InFlight]) -> None:
         """Called on every look at the responses the worker held, once the frontend has
         counted their moves."""
+        now = time.monotonic()
         streamed = [inflight.response.content_chunks for inflight in moved]
         if self.streamed_at_move is None:
-            self.streamed_at_move, self.moved_at = streamed, time.monotonic()
+            self.streamed_at_move, self.moved_at = streamed, now
         successors_streamed = all(
-            inflight.finished or (inflight.request.stream and now > then)
-            for inflight, now, then in zip(moved, streamed, self.streamed_at_move, strict=True)
+            inflight.finished or (inflight.request.stream and chunks > at_move)
+            for inflight, chunks, at_move in zip(
+                moved, streamed, self.streamed_at_move, strict=True
+            )
         )
-        late = time.monotonic() >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
+        late = now >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
         if self.report.fault not in SILENT or self.at_move or successors_streamed or late:
             self()
 
