@@ -122,15 +122,27 @@ class IsolatedRuns:
             """A SIGKILLed multi-threaded process frees its sockets as its threads exit, a
             moment after the reaper's kill: poll, and name whoever still listens. A port that
             a process of another test took once the run let it go is not the run's: the run
-            leased from a folder of its own, which the other tests do not see."""
+            leased from a folder of its own, which the other tests do not see, and every
+            process it starts, recorded or not, inherits that folder in its environment."""
             busy = [
                 int(lock.stem)
                 for lock in leases
-                if not bindable(int(lock.stem)) and listening_pid(int(lock.stem)) in started
+                if not bindable(int(lock.stem)) and self.owns(listening_pid(int(lock.stem)))
             ]
             return (None if busy else True), {port: listener(port) for port in busy}
 
         poll_until(bound, Deadline(15), "the run's leased ports to be bindable again")
+
+    def owns(self, pid: int | None) -> bool:
+        """Whether `pid` is a process of this run, or cannot be told apart from one (unseen,
+        or gone before its environment was read)."""
+        if pid is None:
+            return True
+        try:
+            leases = psutil.Process(pid).environ().get("HANDOFF_PORT_LEASES")
+        except psutil.Error:
+            return True
+        return leases == str(self.folders["leases"])
 
     def kill_and_reap(self, run: subprocess.Popen[str], started: dict[int, float]) -> list[str]:
         """SIGKILL the run (no teardown at all), check its processes outlive it, let the next
