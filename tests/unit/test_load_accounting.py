@@ -10,6 +10,7 @@ from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History, percentile, resumption_s
+from handoff.metrics import MigrationCounts
 from handoff.policies import expected_outcome
 from handoff.responses.evidence import Owed, judged
 from handoff.responses.load import (
@@ -19,6 +20,7 @@ from handoff.responses.load import (
     Held,
     busiest,
     classify,
+    counted_as_new,
     each_prompt,
     expected_counts,
     load_bound,
@@ -57,6 +59,32 @@ def test_every_cut_request_counts_once_and_the_cap_counts_every_request_sent():
     )
     assert capped.error is not None
     assert (capped.ongoing_request, capped.max_seq_len_exceeded, capped.failed) == (3, 8, 3)
+
+
+def seen(ongoing: int, new: int, failed: int = 0) -> MigrationCounts:
+    return MigrationCounts(ongoing, new, 0, 3 - failed, failed)
+
+
+@pytest.mark.parametrize(
+    ("counts", "queued", "shifted"),
+    [
+        (seen(3, 0), 1, 0),  # as expected: nothing to explain
+        (seen(2, 1), 1, 1),  # the queued request's stream was not the frontend's yet
+        (seen(1, 2), 2, 2),
+        (seen(1, 2), 1, 0),  # more counted new than were queued
+        (seen(2, 0), 1, 0),  # one request lost, not counted either way
+        (seen(2, 2), 1, 0),  # a new_request too many: a second move
+        (seen(2, 1, failed=1), 1, 1),  # the split explained; the failure still fails below
+    ],
+)
+def test_only_queued_requests_may_be_counted_as_new_requests(counts, queued, shifted):
+    expected = expected_counts(
+        expected_outcome("decoding", "migration_enabled", "worker_failure"), 3, 8
+    )
+    resolved, raced = counted_as_new(expected, counts, queued)
+    assert raced == shifted
+    assert resolved.ongoing_request + resolved.new_request == 3
+    assert (resolved.new_request, resolved.succeeded) == (shifted, 3)
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,24 @@ def test_n_auto_starts_as_many_workers_as_fit_the_cpu_slots(run):
     )
 
 
+def test_no_more_workers_start_than_cases_are_selected(run):
+    """Twelve would fit; three cases selected need three workers, whether asked by -n auto
+    or by a number."""
+    names = [
+        "migration_enabled-worker_failure-chat-stream-nats",
+        "migration_disabled-worker_failure-chat-unary-tcp",
+        "migration_enabled-worker_stall-chat-stream-nats",
+    ]
+    three = ["--handoff-topology", "aggregate"] + [f"--handoff-case={n}" for n in names]
+    result, *_ = run("mocker", "-n", "auto", "--collect-only", *three)
+    assert (
+        "handoff: -n auto starts 3 xdist workers: 2 CPUs in the test's mask, 0.16 CPUs a "
+        "case, 3 cases selected" in result.stdout.str()
+    )
+    result, *_ = run("mocker", "-n", "8", "--collect-only", *three)
+    assert "handoff: 8 xdist workers asked for, 3 started:" in result.stdout.str()
+
+
 def test_dealt_gives_each_worksteal_share_one_of_the_longest_cases():
     """Longest first, dealt back and forth: worksteal's contiguous shares, the smaller first
     (13 items on 4 workers: 3, 3, 3, 4), each begin with one of the longest cases."""

@@ -113,7 +113,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
     # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
-    scheduler = scheduling.Scheduler(config, cpus_per_case(config), recorded_seconds(config))
+    scheduler = scheduling.Scheduler(
+        config, cpus_per_case(config), recorded_seconds(config), selected_count(config)
+    )
     config.pluginmanager.register(scheduler, "handoff-scheduler")
     if getattr(config.option, "dist", "no") == "load":
         if pooled(config):
@@ -154,7 +156,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if not qualifying(config) or not config.getoption("handoff_backend"):
         return None
     config.stash[scheduling.AUTO] = True
-    return scheduling.fitting_workers(cpus_per_case(config))[0]
+    return scheduling.fitting_workers(cpus_per_case(config), selected_count(config))[0]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -200,6 +202,17 @@ def cpus_per_case(config: pytest.Config) -> float:
         return chosen_backend(config).cpus_per_case
     except HandoffError:
         return 1.0
+
+
+def selected_count(config: pytest.Config) -> int | None:
+    """How many cases the command line selects here; None for a bad selection (reported at
+    collection, in one line) or outside a qualification run."""
+    if not qualifying(config) or not config.getoption("handoff_backend"):
+        return None
+    try:
+        return len(selected_cases(config, chosen_backend(config)))
+    except HandoffError:
+        return None
 
 
 def recorded_seconds(config: pytest.Config) -> dict[str, float]:

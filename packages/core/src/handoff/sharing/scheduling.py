@@ -109,17 +109,22 @@ DIST_KEY = "handoff_dist"
 AUTO = pytest.StashKey[bool]()
 
 
-def fitting_workers(cpus_per_case: float) -> tuple[int, str]:
+def fitting_workers(cpus_per_case: float, cases: int | None = None) -> tuple[int, str]:
     """How many cases fit on this machine's CPU slots at once, and why: a case that waits
-    costs no CPU, so a backend whose cases mostly wait fits several to a CPU."""
+    costs no CPU, so a backend whose cases mostly wait fits several to a CPU. Never more than
+    the `cases` selected (when known): a worker with none to run only costs its start."""
     try:
         slots = cpu_slots()
     except HandoffError as exc:
         raise pytest.UsageError(str(exc)) from exc
     if slots.chosen:
-        return slots.count, slots.why
-    fit = max(1, math.floor(slots.count / cpus_per_case))
-    return fit, f"{slots.why}, {cpus_per_case:g} CPUs a case"
+        fit, why = slots.count, slots.why
+    else:
+        fit = max(1, math.floor(slots.count / cpus_per_case))
+        why = f"{slots.why}, {cpus_per_case:g} CPUs a case"
+    if cases is not None and cases < fit:
+        return max(1, cases), f"{why}, {cases} cases selected"
+    return fit, why
 
 
 def stealing_lanes(config: pytest.Config) -> int:
@@ -154,9 +159,12 @@ class Scheduler:
         config: pytest.Config,
         cpus_per_case: float = 1.0,
         recorded_s: Mapping[str, float] | None = None,
+        cases: int | None = None,
     ) -> None:
         self.config = config
         self.cpus_per_case = cpus_per_case
+        #: How many cases the command line selects, if known: no more workers than that.
+        self.cases = cases
         #: Case key -> the seconds it took when recorded (`runs.durations`).
         self.recorded_s = dict(recorded_s or {})
         self.budget = config.getoption("max_vram_gib")
@@ -188,7 +196,7 @@ class Scheduler:
         if not workers or not qualifying or any(spec != "popen" for spec in workers):
             self.slots = max(1, len(workers))
         else:
-            fit, why = fitting_workers(self.cpus_per_case)
+            fit, why = fitting_workers(self.cpus_per_case, self.cases)
             self.slots = min(len(workers), fit)
             if len(workers) > fit:
                 option.tx = ["popen"] * fit
