@@ -91,6 +91,12 @@ PUBLISHED_PRE_MERGE = {
         "close_in_stall-chat-tcp",
     ],
     "decode_race": ["worker_stall-chat-tcp"],
+    "engine_core": [
+        "migration_enabled-chat-stream-nats",
+        "migration_disabled-completion-unary-tcp",
+        "max_seq_len_exceeded-chat-stream-tcp",
+        "max_seq_len_not_exceeded-completion-unary-nats",
+    ],
 }
 
 

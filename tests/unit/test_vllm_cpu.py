@@ -105,6 +105,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "guided": aggregate,
         "abandoned": aggregate,
         "decode_race": ("prefill", "decode", "decode"),
+        "engine_core": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")
@@ -164,6 +165,14 @@ def test_cpu_requests_are_words_of_the_tiny_model(tiny):
     )
     assert backend.output_tokens(" t5 t6 t7") == 3
     assert VllmBackend().output_tokens(" t5 t6") is None  # a real tokenizer: not counted
+
+
+def test_every_topology_the_cpu_runs_has_its_lengths_and_timeout():
+    """A topology added to the CPU's runs without its row here would fail only when a case
+    of it runs (at its pool's start, or later)."""
+    ran = set(on_cpu().topologies)
+    for table in (cpu.OUTPUT_TOKENS, cpu.OUTPUT_SECONDS, cpu.TIMEOUTS):
+        assert ran <= set(table)
 
 
 def test_cpu_markers_cpu_timeouts_and_no_gpu_memory(tiny):

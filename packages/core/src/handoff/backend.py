@@ -79,6 +79,8 @@ class Worker:
     role: str
     process: ManagedProcess
     ports: Mapping[str, int]
+    #: The title of its engine's core process, where that runs apart (`Backend.engine_core`).
+    engine_core: str | None = None
 
 
 class Backend(ABC):
@@ -129,6 +131,9 @@ class Backend(ABC):
     #: (`engine_running`): the engine's own word that it stopped a request whose client left,
     #: where the handler's in-flight gauge speaks only for Dynamo's side. None: it has none.
     engine_running_gauge: ClassVar[str | None] = None
+    #: The process title of the engine's core where it runs as a child process of the worker
+    #: (vLLM's `VLLM::EngineCore`): the engine_core cases kill it alone. None: no such process.
+    engine_core: ClassVar[str | None] = None
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
     cpus_per_case: ClassVar[float] = 1.0

@@ -38,6 +38,8 @@ POLICIES = (
 #: worker's connections (request plane, response streams, NATS), removed once the evidence is in.
 #: broker_stall, broker_loss: SIGSTOP or SIGKILL of the deployment's nats-server mid-request,
 #: resumed or restarted on its port once the response is in.
+#: engine_failure: SIGKILL of the engine's core process alone (vLLM's `VLLM::EngineCore`, a
+#: child of the worker), the worker process that registered with the frontend left running.
 #: client_close, close_after_move, close_in_stall: the client leaves (`ABANDONS`).
 FAULTS = (
     "worker_failure",
@@ -48,6 +50,7 @@ FAULTS = (
     "broker_stall",
     "broker_loss",
     "stall_past_lease",
+    "engine_failure",
     "client_close",
     "close_after_move",
     "close_in_stall",
@@ -63,6 +66,8 @@ ABANDONS = {
 }
 #: What befalls a worker or the broker while its client waits: every fault but a client's.
 WORKER_FAULTS = tuple(f for f in FAULTS if f not in ABANDONS)
+#: The faults of an engine that runs apart from its worker process (`Backend.engine_core`).
+ENGINE = ("engine_failure",)
 #: The stall that lasts until the frontend no longer lists the stopped worker.
 PAST_LEASE = "stall_past_lease"
 #: The faults that SIGSTOP the worker's tree.
@@ -207,6 +212,13 @@ CLIENT_STAYS = Restriction(
     "a client that leaves is qualified by the abandoned cases",
 )
 
+#: What every topology but `engine_core` says of the engine's own faults.
+ENGINE_LIVES = Restriction(
+    "fault",
+    tuple(f for f in FAULTS if f not in ENGINE),
+    "an engine core that dies under its live worker is qualified by the engine_core cases",
+)
+
 #: What a pre-merge selection of a few rows promises where the rows cannot cover every policy
 #: in pairs: every pair over fault, api and plane, and every policy once.
 FEW_ROWS_PROMISE = Promise(pairs_over=("fault", "api", "plane"), each_value_of=("policy",))
@@ -223,6 +235,7 @@ LIFECYCLES_PROMISE = Promise(
 #: What the load topologies, of whichever role, do not allow.
 LOAD_RESTRICTIONS = (
     CLIENT_STAYS,
+    ENGINE_LIVES,
     Restriction(
         "response",
         ("stream",),
@@ -336,6 +349,29 @@ DECODE_RACE = Topology(
     heal_at_move=True,
 )
 
+#: An engine core killed under its live worker (`ENGINE`), while it decodes.
+ENGINE_CORE = Topology(
+    name="engine_core",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "fault",
+            ENGINE,
+            "these cases qualify an engine core that dies under its live worker; the other "
+            "topologies qualify the faults of the worker process itself",
+        ),
+    ),
+    omitted_from_id=("fault",),
+    pre_merge_ids=(
+        "migration_enabled-chat-stream-nats",
+        "migration_disabled-completion-unary-tcp",
+        "max_seq_len_exceeded-chat-stream-tcp",
+        "max_seq_len_not_exceeded-completion-unary-nats",
+    ),
+    pre_merge_promise=Promise(pairs_over=("api", "plane"), each_value_of=("policy", "response")),
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -343,7 +379,7 @@ TOPOLOGIES: dict[str, Topology] = {
             name="aggregate",
             target_role="aggregate",
             fault_window="decoding",
-            restrictions=(CLIENT_STAYS,),
+            restrictions=(CLIENT_STAYS, ENGINE_LIVES),
             omitted_from_id=(),
             pre_merge_ids=(
                 "migration_enabled-worker_failure-chat-stream-nats",
@@ -390,6 +426,7 @@ TOPOLOGIES: dict[str, Topology] = {
             fault_window="decoding",
             restrictions=(
                 CLIENT_STAYS,
+                ENGINE_LIVES,
                 Restriction(
                     "response",
                     ("stream",),
@@ -488,6 +525,7 @@ TOPOLOGIES: dict[str, Topology] = {
             pre_merge_promise=Promise(),
         ),
         DECODE_RACE,
+        ENGINE_CORE,
     )
 }
 

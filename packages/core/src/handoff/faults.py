@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import signal
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Protocol
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, STALLS
+from handoff.cases import BROKER, ENGINE, STALLS
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import firewall
@@ -30,6 +31,7 @@ FIRST_SIGNAL = {
     "broker_stall": "SIGSTOP",
     "broker_loss": "SIGKILL",
     "stall_past_lease": "SIGSTOP",
+    "engine_failure": "SIGKILL",
 }
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
@@ -45,7 +47,18 @@ WORKER_ENV = {
         f"drain{DRAIN_TIMEOUT_S}s",
         {"DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": str(DRAIN_TIMEOUT_S)},
     ),
+    # Dynamo's engine monitor asks the engine's health every 2 s and gives each answer 30 s,
+    # then its shutdown 60 s: shorter here, so that a worker that never notices its engine's
+    # death is told apart within ENGINE_EXIT_S rather than 92 s.
+    "engine_failure": (
+        "engine10s",
+        {"DYN_ENGINE_HEALTH_CHECK_TIMEOUT": "10", "DYN_ENGINE_HEALTH_SHUTDOWN_TIMEOUT": "10"},
+    ),
 }
+#: engine_failure: the longest the worker may take to exit by itself once its engine core is
+#: gone: one health check's interval and timeout and the engine's shutdown (WORKER_ENV), and
+#: the process's own exit.
+ENGINE_EXIT_S = 2.0 + 10.0 + 10.0 + 15.0
 
 
 class Watched(Protocol):
@@ -167,6 +180,8 @@ def inject(
     if fault in BROKER:
         assert broker is not None, f"{fault} needs the deployment's nats-server"
         return fault_broker(fault, broker, inflight, deadline.within(HOLDER_TIMEOUT_S))
+    if fault in ENGINE:
+        return kill_engine(holder, inflight, deadline)
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     done_before = inflight.finished
@@ -204,6 +219,53 @@ def inject(
     if left:
         raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
     return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
+
+
+def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultReport:
+    """SIGKILL the engine core of `holder` alone: the worker process that registered with the
+    frontend is left running. Dynamo 1.6.1's worker then ends itself once it sees its engine
+    dead (its engine monitor, or the request that raised); one that outlives ENGINE_EXIT_S
+    stays listed with no engine to serve (Dynamo issues 2698, 14657), and fails the case."""
+    engine = engine_core(holder)
+    done_before = inflight.finished
+    with contextlib.suppress(psutil.NoSuchProcess):
+        engine.kill()
+    poll_until(
+        lambda: (True, None) if _ended(engine) else (None, f"pid {engine.pid} alive"),
+        deadline.within(HOLDER_TIMEOUT_S),
+        f"{holder.name}'s engine core to end on SIGKILL",
+    )
+    if left := holder.process.wait_gone(deadline.within(ENGINE_EXIT_S)):
+        raise CaseFailure(
+            f"{holder.name} was still running {ENGINE_EXIT_S:g} s after its engine core (pid "
+            f"{engine.pid}) was killed: a worker with no engine stays listed: {left}"
+        )
+    return FaultReport("engine_failure", holder.name, engine.pid, ("SIGKILL",), done_before)
+
+
+def engine_core(holder: Worker) -> psutil.Process:
+    """The one process of the holder's tree titled as its engine's core."""
+    if holder.engine_core is None:
+        raise HandoffError(f"{holder.name} runs no engine core apart from its own process")
+    found = []
+    for proc in holder.process.tree():
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith(holder.engine_core):
+                found.append(proc)
+    if len(found) != 1:
+        raise CaseFailure(
+            f"{holder.name}'s tree holds {len(found)} processes titled {holder.engine_core!r}, "
+            f"not one"
+        )
+    return found[0]
+
+
+def _ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie its parent has not reaped yet."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def faulted_process(fault: str, holder: Worker, broker: ManagedProcess | None) -> ManagedProcess:

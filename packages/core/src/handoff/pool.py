@@ -206,7 +206,7 @@ class Pool:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
         process = self._spawn(name, list(launch.argv), env, launch.niceness)
-        return Worker(name, role, process, ports)
+        return Worker(name, role, process, ports, self.backend.engine_core)
 
     def _hand_over(self, worker: Worker) -> None:
         """Mirror a spare's folder into the pool's from now until it exits: synced at once,

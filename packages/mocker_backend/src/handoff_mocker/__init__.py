@@ -152,6 +152,8 @@ class MockerBackend(Backend):
         "decode_race": "the mocker's workers take the frontend's cancellation the moment they "
         "run again, so the race never shows (docs/known-issues.md): qualified on vLLM's CPU "
         "engine",
+        "engine_core": "the mocker's engine runs inside its worker process: there is no engine "
+        "core apart from the worker to kill (worker_failure kills both)",
     }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every

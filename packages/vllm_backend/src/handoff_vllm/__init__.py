@@ -36,7 +36,7 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, VLLM_RUNNING, Model
-from handoff.cases import ABANDONS, KILLS, Restriction, topology
+from handoff.cases import ABANDONS, ENGINE, KILLS, Restriction, topology
 from handoff.client import Guide
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
@@ -121,6 +121,8 @@ class VllmBackend(DynamoGpuBackend):
     #: vLLM's own count of the requests its engine runs (`vllm:num_requests_running`, a v1
     #: engine gauge with `engine` and `model_name` labels), passed through on the system port.
     engine_running_gauge = VLLM_RUNNING
+    #: vLLM's v1 engine runs in a child process of the worker, titled so.
+    engine_core = "VLLM::EngineCore"
     # Seeds from Dynamo's suite, to be profiled again with handoff's profiler.
     timeouts = {"aggregate": 290.0, "decode": 350.0, "kv_transfer": 350.0}
     profiled_vram_gib = {"aggregate": 4.8, "decode": 6.8, "kv_transfer": 6.9}
@@ -143,7 +145,7 @@ class VllmBackend(DynamoGpuBackend):
         aggregate, decode = TOPOLOGIES["aggregate"], TOPOLOGIES["decode"]
         return {
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
-            "decode_race": decode,
+            "decode_race": decode, "engine_core": aggregate,
         }  # fmt: skip
 
     @property
@@ -163,7 +165,7 @@ class VllmBackend(DynamoGpuBackend):
         return (
             Restriction(
                 "fault",
-                (*KILLS, "worker_stall", "partition", *ABANDONS),
+                (*KILLS, "worker_stall", "partition", *ENGINE, *ABANDONS),
                 "an expired drain, a stall past the discovery lease and the broker's faults are "
                 "qualified on the mocker",
             ),

@@ -15,7 +15,7 @@ import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Shape, Worker
-from handoff.cases import BROKER, SILENT, STALLS, Case
+from handoff.cases import BROKER, ENGINE, SILENT, STALLS, Case
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
@@ -86,7 +86,7 @@ def send_fault(
         fault=fault,
         signal=faults.FIRST_SIGNAL[fault],
         worker=holder.name if faulted is holder.process else faulted.name,
-        pid=faulted.pid,
+        pid=faults.engine_core(holder).pid if fault in ENGINE else faulted.pid,
         **detail,
     )
     return faults.inject(fault, holder, watched, settings.graceful_bound_s, deadline, broker)
@@ -104,7 +104,11 @@ def record_fault(
     elif report.fault in BROKER:
         history.record("broker_faulted", signals=list(report.signals))
     else:
-        history.record("worker_gone", signals=list(report.signals))
+        if report.fault in ENGINE:  # the worker was not signalled: it ended by itself
+            exit_code = holder.process.exit_code()
+            history.record("worker_exited", engine_pid=report.pid, exit_code=exit_code)
+        else:
+            history.record("worker_gone", signals=list(report.signals))
         if successor := deployment.replace(holder):
             history.record("successor_started", worker=successor)
 
