@@ -27,6 +27,14 @@ while child.poll() is None or sys.argv[1] != "follows":
 """
 
 
+def titled(held: Worker) -> bool:
+    try:
+        faults.engine_core(held)
+    except CaseFailure:
+        return False
+    return True
+
+
 @pytest.fixture
 def stand_in(tmp_path):
     """Starts stand-in workers; whatever is left of them is killed at the end."""
@@ -38,12 +46,13 @@ def stand_in(tmp_path):
         process = ManagedProcess("worker-1-aggregate", argv, {}, tmp_path / "worker.log")
         started.append(process)
         process.start()
+        held = Worker("worker-1-aggregate", "aggregate", process, {"system": 0}, TITLE)
         poll_until(
-            lambda: (True, None) if len(process.tree()) == 2 else (None, process.tree()),
+            lambda: (True, None) if titled(held) else (None, process.tree()),
             Deadline(10),
-            "the stand-in worker and its engine core",
+            "the stand-in worker's engine core to take its title",
         )
-        return Worker("worker-1-aggregate", "aggregate", process, {"system": 0}, TITLE)
+        return held
 
     yield start
     for process in started:
