@@ -19,14 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from handoff import metrics
 from handoff.backend import Worker
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
-from handoff.machine import registrations
 from handoff.plugins import configured_backend
 from handoff.policies import policy
 from handoff.polling import Deadline, poll_until
@@ -50,14 +46,17 @@ class FeatureRequest(Request):
 def features(prompt: str, after: int) -> dict[str, dict[str, Any]]:
     """The fields each probe sends: stop strings are words of the reference continuation."""
     words = rule.words(rule.continuation(rule.context_of(prompt, "completion"), MAX_TOKENS))
+    eos = {"ignore_eos": False}  # Dynamo drops a request's stop strings with ignore_eos
     return {
         "plain": {},
-        "stop spanning the move": {"stop": [" ".join(words[after : after + 3])]},
-        "stop after the move": {"stop": [" ".join(words[after + 40 : after + 42])]},
+        "stop spanning the move": {**eos, "stop": [" ".join(words[after : after + 3])]},
+        "stop after the move": {**eos, "stop": [" ".join(words[after + 40 : after + 42])]},
         "min_tokens past a stop": {
+            **eos,
             "stop": [" ".join(words[5:7]), " ".join(words[after + 30 : after + 32])],
             "min_tokens": after + 20,
         },
+        "stop, ignore_eos": {"stop": [" ".join(words[after + 40 : after + 42])]},
         "frequency_penalty 2": {"frequency_penalty": 2.0},
         "repetition_penalty 5": {"repetition_penalty": 5.0},
         "seed 7 at temperature 10": {"temperature": 10.0, "seed": 7},
@@ -80,33 +79,19 @@ def ended(flight: InFlight) -> InFlight:
 
 
 def moved(deployment: Deployment, prompt: str, extra: dict[str, Any], after: int) -> InFlight:
-    """The request, its worker SIGKILLed once `after` tokens have streamed; a new worker
-    takes the dead one's place, listed before the next probe."""
+    """The request, its worker SIGKILLed once `after` tokens have streamed."""
     flight = send(deployment, prompt, extra)
     poll_until(
-        lambda: (True if len(flight.response.chunks) >= after else None, "too few chunks"),
+        lambda: (True if len(flight.response.chunks) >= after or flight.finished else None, ""),
         Deadline(60),
         f"{after} streamed chunks",
     )
+    if flight.finished:  # refused, or over before the kill: nothing to move
+        return flight
     holder: Worker = deployment.backend.holders(deployment.workers)[0]
     holder.process.kill()
     holder.process.wait_gone(Deadline(30))
-    pool = deployment.pool
-    registrations.remove(pool.store, pool.instance_ids.pop(holder.name, set()))  # no linger
-    deployment.workers[deployment.workers.index(holder)] = pool.add_worker("aggregate")
-    ended(flight)
-    poll_until(lambda: ready(deployment), Deadline(300), "the new worker listed and answering")
-    return flight
-
-
-def ready(deployment: Deployment) -> tuple[bool | None, str]:
-    """Two workers listed, each answering on its status port."""
-    try:
-        deployment.backend.in_flight(deployment.workers)
-        listed = deployment.listing()[0].get(("backend", "generate"), set())
-    except (metrics.Unanswered, requests.RequestException, ValueError) as exc:
-        return None, str(exc)
-    return (True if len(listed) == 2 else None), f"listed {sorted(listed)}"
+    return ended(flight)
 
 
 def described(flight: InFlight) -> tuple[str, str, str]:
@@ -120,30 +105,38 @@ def described(flight: InFlight) -> tuple[str, str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--after", type=int, default=12)
+    parser.add_argument("--only", nargs="*", help="the features to probe (all by default)")
     args = parser.parse_args()
     backend = configured_backend("vllm", {"device": ("cpu", "request_features.py")})
-    folder = Path(tempfile.mkdtemp(prefix="handoff-features-"))
-    deployment = Deployment(backend, CASE, folder, policy(CASE.policy), ("aggregate",) * 2)
     prompt = backend.shape(CASE).prompt
     print(f"{'feature':<26} {'same text':>9} {'finish (moved vs not)':<24} usage (moved vs not)")
+    for name, extra in features(prompt, args.after).items():
+        if args.only and name not in args.only:
+            continue
+        print(probe(backend, prompt, name, extra, args.after), flush=True)
+    return 0
+
+
+def probe(backend, prompt: str, name: str, extra: dict[str, Any], after: int) -> str:
+    """One feature on a deployment of its own (a killed worker's discovery entries linger)."""
+    folder = Path(tempfile.mkdtemp(prefix="handoff-features-"))
+    deployment = Deployment(backend, CASE, folder, policy(CASE.policy), ("aggregate",) * 2)
     try:
         deployment.start(Deadline(600))
-        for name, extra in features(prompt, args.after).items():
-            alone = described(ended(send(deployment, prompt, extra)))
-            again = described(ended(send(deployment, prompt, extra)))
-            move = described(moved(deployment, prompt, extra, args.after))
-            same = "yes" if move[0] == alone[0] else "no"
-            repeat = "" if again == alone else " (undisturbed differs from itself)"
-            print(
-                f"{name:<26} {same:>9} {move[1] + ' vs ' + alone[1]:<24} "
-                f"{move[2]} vs {alone[2]}{repeat}",
-                flush=True,
-            )
+        alone = described(ended(send(deployment, prompt, extra)))
+        again = described(ended(send(deployment, prompt, extra)))
+        move = described(moved(deployment, prompt, extra, after))
     finally:
         if problems := deployment.stop():
             print(f"teardown: {problems}")
-        print(f"logs: {folder}")
-    return 0
+    same = "yes" if move[0] == alone[0] else f"no ({folder})"
+    repeat = "" if again == alone else " (undisturbed differs from itself)"
+    stops = [s for s in extra.get("stop", []) if s in alone[0]]
+    seen = f"; stop strings in the undisturbed text: {stops}" if "stop" in extra else ""
+    return (
+        f"{name:<26} {same:>9} {move[1] + ' vs ' + alone[1]:<24} "
+        f"{move[2]} vs {alone[2]}{repeat}{seen}"
+    )
 
 
 if __name__ == "__main__":
