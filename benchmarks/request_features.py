@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handoff.backend import Worker
+from handoff import metrics
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
@@ -88,10 +88,19 @@ def moved(deployment: Deployment, prompt: str, extra: dict[str, Any], after: int
     )
     if flight.finished:  # refused, or over before the kill: nothing to move
         return flight
-    holder: Worker = deployment.backend.holders(deployment.workers)[0]
+    (holder,) = deployment.backend.holders(deployment.workers)  # one, or this is no probe
     holder.process.kill()
-    holder.process.wait_gone(Deadline(30))
+    if left := holder.process.wait_gone(Deadline(30)):
+        raise SystemExit(f"{holder.name} outlived SIGKILL: {left}")
     return ended(flight)
+
+
+def moves(deployment: Deployment) -> int:
+    """The moves the frontend has counted so far."""
+    assert deployment.model is not None
+    url = deployment.base_url + "/metrics"
+    counts = metrics.MigrationCounts.read(url, deployment.model.name)
+    return counts.ongoing_request + counts.new_request
 
 
 def described(flight: InFlight) -> tuple[str, str, str]:
@@ -126,10 +135,13 @@ def probe(backend, prompt: str, name: str, extra: dict[str, Any], after: int) ->
         alone = described(ended(send(deployment, prompt, extra)))
         again = described(ended(send(deployment, prompt, extra)))
         move = described(moved(deployment, prompt, extra, after))
+        counted = moves(deployment)
     finally:
         if problems := deployment.stop():
             print(f"teardown: {problems}")
     same = "yes" if move[0] == alone[0] else f"no ({folder})"
+    if counted != 1:  # ended before the kill, refused, or moved twice: not this row's question
+        same = f"not moved once ({counted} moves)"
     repeat = "" if again == alone else " (undisturbed differs from itself)"
     stops = [s for s in extra.get("stop", []) if s in alone[0]]
     seen = f"; stop strings in the undisturbed text: {stops}" if "stop" in extra else ""

@@ -19,11 +19,13 @@ TITLE = "TEST::EngineCore"
 #: A worker whose engine core is a child titled TITLE; with "follows", it exits once the child
 #: is gone, as Dynamo 1.6.1's worker does.
 WORKER = """
-import subprocess, sys, time
+import os, signal, subprocess, sys, time
 child = subprocess.Popen(["bash", "-c", "exec -a {title} sleep 300"])
 print(child.pid, flush=True)
-while child.poll() is None or sys.argv[1] != "follows":
+while child.poll() is None or sys.argv[1] == "stays":
     time.sleep(0.05)
+if sys.argv[1] == "crashes":
+    os.kill(os.getpid(), signal.SIGABRT)
 """
 
 
@@ -40,9 +42,9 @@ def stand_in(tmp_path):
     """Starts stand-in workers; whatever is left of them is killed at the end."""
     started: list[ManagedProcess] = []
 
-    def start(follows: bool) -> Worker:
-        argv = [sys.executable, "-c", WORKER.format(title=TITLE)]
-        argv.append("follows" if follows else "stays")
+    def start(after_engine: str) -> Worker:
+        """`after_engine`: "follows" (exits), "stays" or "crashes" (SIGABRT)."""
+        argv = [sys.executable, "-c", WORKER.format(title=TITLE), after_engine]
         process = ManagedProcess("worker-1-aggregate", argv, {}, tmp_path / "worker.log")
         started.append(process)
         process.start()
@@ -61,7 +63,7 @@ def stand_in(tmp_path):
 
 
 def test_only_the_engine_core_is_killed_and_the_worker_must_follow(stand_in):
-    held = stand_in(follows=True)
+    held = stand_in("follows")
     engine = faults.engine_core(held)
     report = faults.kill_engine(held, SimpleNamespace(finished=False), Deadline(30))
     assert (report.fault, report.pid, report.signals) == (
@@ -70,18 +72,25 @@ def test_only_the_engine_core_is_killed_and_the_worker_must_follow(stand_in):
         ("SIGKILL",),
     )
     assert held.process.exit_code() == 0  # it exited by itself: it was never signalled
+    assert report.engine_killed_at is not None
+
+
+def test_a_worker_that_crashes_after_its_engine_fails_the_case(stand_in):
+    held = stand_in("crashes")
+    with pytest.raises(CaseFailure, match="ended by signal 6 after its engine core was killed"):
+        faults.kill_engine(held, SimpleNamespace(finished=False), Deadline(30))
 
 
 def test_a_worker_that_outlives_its_engine_fails_the_case(stand_in, monkeypatch):
     monkeypatch.setattr(faults, "ENGINE_EXIT_S", 1.0)
-    held = stand_in(follows=False)
+    held = stand_in("stays")
     with pytest.raises(CaseFailure, match="still running 1 s after its engine core"):
         faults.kill_engine(held, SimpleNamespace(finished=False), Deadline(30))
     assert held.process.exit_code() is None  # alive, and never signalled
 
 
 def test_a_worker_without_an_engine_core_apart_is_refused(stand_in):
-    held = stand_in(follows=True)
+    held = stand_in("follows")
     other = Worker(held.name, held.role, held.process, held.ports, "Other::Core")
     with pytest.raises(CaseFailure, match="holds 0 processes titled 'Other::Core'"):
         faults.engine_core(other)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,10 +56,12 @@ WORKER_ENV = {
         {"DYN_ENGINE_HEALTH_CHECK_TIMEOUT": "10", "DYN_ENGINE_HEALTH_SHUTDOWN_TIMEOUT": "10"},
     ),
 }
-#: engine_failure: the longest the worker may take to exit by itself once its engine core is
-#: gone: one health check's interval and timeout and the engine's shutdown (WORKER_ENV), and
-#: the process's own exit.
-ENGINE_EXIT_S = 2.0 + 10.0 + 10.0 + 15.0
+#: engine_failure: how long the worker may take to notice its engine's death by its engine
+#: monitor alone (one 2 s interval and one check's timeout, WORKER_ENV), where no request of
+#: its raised it first; and the longest it may take to exit by itself: that, the engine's
+#: shutdown (WORKER_ENV) and the process's own exit.
+ENGINE_NOTICE_S = 2.0 + 10.0
+ENGINE_EXIT_S = ENGINE_NOTICE_S + 10.0 + 15.0
 
 
 class Watched(Protocol):
@@ -85,6 +88,8 @@ class FaultReport:
     finished_in_grace: bool = False
     #: partition: the rules in place until `heal`.
     cut: firewall.Cut | None = field(default=None, compare=False, repr=False)
+    #: engine_failure: when the engine core was killed (monotonic), before the worker ended.
+    engine_killed_at: float | None = None
 
 
 def find_holder(
@@ -228,8 +233,13 @@ def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultR
     stays listed with no engine to serve (Dynamo issues 2698, 14657), and fails the case."""
     engine = engine_core(holder)
     done_before = inflight.finished
-    with contextlib.suppress(psutil.NoSuchProcess):
+    try:
         engine.kill()
+    except psutil.NoSuchProcess:
+        raise CaseFailure(
+            f"{holder.name}'s engine core (pid {engine.pid}) was gone before its SIGKILL"
+        ) from None
+    killed_at = time.monotonic()
     poll_until(
         lambda: (True, None) if _ended(engine) else (None, f"pid {engine.pid} alive"),
         deadline.within(HOLDER_TIMEOUT_S),
@@ -240,7 +250,15 @@ def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultR
             f"{holder.name} was still running {ENGINE_EXIT_S:g} s after its engine core (pid "
             f"{engine.pid}) was killed: a worker with no engine stays listed: {left}"
         )
-    return FaultReport("engine_failure", holder.name, engine.pid, ("SIGKILL",), done_before)
+    if (code := holder.process.exit_code()) is not None and code < 0:
+        raise CaseFailure(
+            f"{holder.name} ended by signal {-code} after its engine core was killed, not by "
+            f"itself: a crash, not the worker's own shutdown"
+        )
+    return FaultReport(
+        "engine_failure", holder.name, engine.pid, ("SIGKILL",), done_before,
+        engine_killed_at=killed_at,
+    )  # fmt: skip
 
 
 def engine_core(holder: Worker) -> psutil.Process:

@@ -86,7 +86,7 @@ def send_fault(
         fault=fault,
         signal=faults.FIRST_SIGNAL[fault],
         worker=holder.name if faulted is holder.process else faulted.name,
-        pid=faults.engine_core(holder).pid if fault in ENGINE else faulted.pid,
+        pid=faulted.pid,
         **detail,
     )
     return faults.inject(fault, holder, watched, settings.graceful_bound_s, deadline, broker)
@@ -106,7 +106,10 @@ def record_fault(
     else:
         if report.fault in ENGINE:  # the worker was not signalled: it ended by itself
             exit_code = holder.process.exit_code()
-            history.record("worker_exited", engine_pid=report.pid, exit_code=exit_code)
+            history.record(
+                "worker_exited", engine_pid=report.pid, exit_code=exit_code,
+                after_engine_s=round(time.monotonic() - (report.engine_killed_at or 0.0), 3),
+            )  # fmt: skip
         else:
             history.record("worker_gone", signals=list(report.signals))
         if successor := deployment.replace(holder):

@@ -112,7 +112,8 @@ def judged_once(run: CaseRun) -> Verdict:
     fault = recovery.send_fault(
         case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
     )
-    faulted_at = time.monotonic()
+    # An engine's death is the fault, not its worker's exit, which the user waited for too.
+    faulted_at = fault.engine_killed_at or time.monotonic()
     recovery.record_fault(deployment, sent.holder, fault, history)
     heal = recovery.Heal(sent.holder, fault, history, topology(case.topology).heal_at_move)
     bounded, why = response_deadline(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from handoff import client, faults, metrics
 from handoff.backend import Backend, Shape
-from handoff.cases import ABANDONS, BROKER, SILENT, Case, topology
+from handoff.cases import ABANDONS, BROKER, ENGINE, SILENT, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
@@ -88,7 +88,8 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before the request has moved,
     and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
     of a stall or a partition, the HTTP layer's, as the router gives up at once; the worker's
-    drain timeout of an expired drain; nothing for a kill), then, but for a silent fault, one
+    drain timeout of an expired drain; the engine monitor's notice of an engine core's death;
+    nothing for a kill), then, but for a silent fault, one
     request-plane timeout: the re-issued request may first reach a worker that is gone but
     still listed. A silent fault leaves none: its worker, the only one faulted, is quarantined
     by the timeout that moves the request (docs/known-issues.md)."""
@@ -103,6 +104,11 @@ def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
         wait, why = (
             faults.DRAIN_TIMEOUT_S,
             f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout, ",
+        )
+    elif fault in ENGINE:
+        wait, why = (
+            faults.ENGINE_NOTICE_S,
+            f"its worker's engine monitor ({faults.ENGINE_NOTICE_S:g} s), ",
         )
     elif fault in SILENT:
         wait = 2 * settings.stream_timeout_s
