@@ -134,6 +134,12 @@ def timing_of(case: Case) -> Timing:
     return TIMINGS[(case.topology, case.fault)]
 
 
+#: The `nice` increment of every mocker worker: twelve cases at once on two cores, the clients
+#: reading the streams (and the frontends) go first, so a client keeps up with its tokens and
+#: a move's pause in its reading is the move's (`continuity.boundary`), not a backlog.
+WORKER_NICENESS = 10
+
+
 class MockerBackend(Backend):
     name = "mocker"
     version = version("handoff-mocker")
@@ -261,7 +267,7 @@ class MockerBackend(Backend):
         if "kv_replay" in ports:
             argv += ["--zmq-kv-events-ports", str(ports["kv_events"])]
             argv += ["--zmq-replay-ports", str(ports["kv_replay"])]
-        return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])})
+        return Launch(argv, {"DYN_SYSTEM_PORT": str(ports["system"])}, WORKER_NICENESS)
 
     def output_token_ids(self, text: str) -> list[int] | None:
         """Each word `tN` of the mocker's model is token id N (handoff.word_tokenizer)."""
