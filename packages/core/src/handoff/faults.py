@@ -241,7 +241,7 @@ def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultR
         ) from None
     killed_at = time.monotonic()
     poll_until(
-        lambda: (True, None) if _ended(engine) else (None, f"pid {engine.pid} alive"),
+        lambda: (None, f"pid {engine.pid} alive") if holder.process.alive(engine) else (True, None),
         deadline.within(HOLDER_TIMEOUT_S),
         f"{holder.name}'s engine core to end on SIGKILL",
     )
@@ -276,14 +276,6 @@ def engine_core(holder: Worker) -> psutil.Process:
             f"not one"
         )
     return found[0]
-
-
-def _ended(process: psutil.Process) -> bool:
-    """Gone, or a zombie its parent has not reaped yet."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def faulted_process(fault: str, holder: Worker, broker: ManagedProcess | None) -> ManagedProcess:

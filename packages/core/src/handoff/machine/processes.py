@@ -85,7 +85,7 @@ class ManagedProcess:
                 pass
         for member in self._group():
             self._known.setdefault(member.pid, member)
-        return [p for p in self._known.values() if self._alive(p)]
+        return [p for p in self._known.values() if self.alive(p)]
 
     def _owns_group(self) -> bool:
         """Is the group we created (start_new_session: its id is our pid) still ours? Yes while
@@ -98,7 +98,7 @@ class ManagedProcess:
     def _group(self) -> list[psutil.Process]:
         return group_members(self.pid) if self._owns_group() else []
 
-    def _alive(self, proc: psutil.Process) -> bool:
+    def alive(self, proc: psutil.Process) -> bool:
         """Our own child counts until it is reaped: a killed multi-threaded process shows as a
         zombie while its other threads still hold its sockets. Descendants count until zombie."""
         if self.popen is not None and proc.pid == self.popen.pid:

@@ -234,29 +234,20 @@ def judge_load(
     """Every request with the evidence every request gets (a cut one after its move with its
     re-issued context too), and the counters for all of them; read once more at the end.
     `served`: the workers whose logs received each request, in order."""
-    backend, where = deployment.backend, topology(case.topology)
+    backend = deployment.backend
     metrics_url, model, before = (
         deployment.base_url + "/metrics",
         deployment.model_name,
         loaded.before,
     )
-    outcome = expected_outcome(where.fault_window, case.policy, case.fault)
-    expected = expected_counts(outcome, len(cut), len(loaded.held))
+    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, case.fault)
+    expected, counts, raced_notes = load_counts(
+        deployment, outcome, loaded, cut, served, deadline, history
+    )
     mode = backend.migration_counts
-    counts = waits.settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
-    history.record("metrics_read", counts=counts.as_dict())
-    # Only where no request the fault spared was served twice: a move of one of those (a
-    # stream timeout's) must not pass for a cut request's count.
-    spared = [h for h in loaded.held if h not in cut]
-    once = all(len(served.get(str(h.request.request_id), [])) == 1 for h in spared)
-    queued = sum(h.state == QUEUED for h in cut) if outcome.ongoing_request == 1 and once else 0
-    expected, raced = counted_as_new(expected, counts, queued)
     problems: list[str] = []
     unproven: list[str] = []
     notes: dict[str, list[int]] = {}
-    raced_notes = [f"race seen: {QUEUED_COUNTED_NEW}, {raced} of them"] if raced else []
-    if raced:
-        history.record("race_seen", race=QUEUED_COUNTED_NEW, requests=raced)
     for h in loaded.held:
         response = h.inflight.response
 
@@ -288,6 +279,35 @@ def judge_load(
         notes=[f"requests {', '.join(map(str, ns))}: {note}" for note, ns in notes.items()]
         + raced_notes,
     )
+
+
+def load_counts(
+    deployment: Deployment,
+    outcome: Outcome,
+    loaded: Loaded,
+    cut: list[Held],
+    served: dict[str, list[str]],
+    deadline: Deadline,
+    history: History,
+) -> tuple[Outcome, metrics.MigrationCounts, list[str]]:
+    """What the counters must have risen by, what they rose by once settled, and the note of
+    the queued-request race where it explains the difference (`counted_as_new`): only where
+    no request the fault spared was served twice, so that a move of one of those (a stream
+    timeout's) cannot pass for a cut request's count."""
+    expected = expected_counts(outcome, len(cut), len(loaded.held))
+    counts = waits.settled_counts(
+        deployment.base_url + "/metrics", deployment.model_name, loaded.before.counts,
+        expected, deployment.backend.migration_counts, deadline,
+    )  # fmt: skip
+    history.record("metrics_read", counts=counts.as_dict())
+    spared = [h for h in loaded.held if h not in cut]
+    once = all(len(served.get(str(h.request.request_id), [])) == 1 for h in spared)
+    queued = sum(h.state == QUEUED for h in cut) if outcome.ongoing_request == 1 and once else 0
+    expected, raced = counted_as_new(expected, counts, queued)
+    if not raced:
+        return expected, counts, []
+    history.record("race_seen", race=QUEUED_COUNTED_NEW, requests=raced)
+    return expected, counts, [f"race seen: {QUEUED_COUNTED_NEW}, {raced} of them"]
 
 
 def each_prompt(held: list[Held]) -> int:
