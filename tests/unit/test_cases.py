@@ -83,6 +83,10 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_not_exceeded-partition-completion-nats",
     ],
     "decode_load": [],
+    "join": [
+        "migration_enabled-worker_failure-chat-nats",
+        "migration_enabled-graceful_shutdown-completion-tcp",
+    ],
     "guided": ["migration_enabled-worker_failure-chat-stream-nats"],
     "choices": [],
     "abandoned": [

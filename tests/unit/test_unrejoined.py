@@ -12,17 +12,22 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.polling import Timeout
-from handoff.responses.recovery import await_unlisted, unrejoined
+from handoff.responses.recovery import JOINED, await_unlisted, unrejoined
 
 HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"
 TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to take a request again")
 
 
-def deployment(listed: set[int] | None) -> Deployment:
+def deployment(listed: set[int] | None, exited: tuple[str, ...] = ()) -> Deployment:
     """A deployment of three workers, one not yet registered, whose frontend lists `listed`
-    (None: it does not answer)."""
+    (None: it does not answer); the workers named in `exited` have exited."""
     shown = object.__new__(Deployment)
-    shown.workers = [SimpleNamespace(name=n) for n in (BYSTANDER, HOLDER, UNREGISTERED)]
+    shown.workers = [
+        SimpleNamespace(
+            name=n, process=SimpleNamespace(exit_code=lambda n=n: -9 if n in exited else None)
+        )
+        for n in (BYSTANDER, HOLDER, UNREGISTERED)
+    ]
     shown.pool = SimpleNamespace(instance_ids={BYSTANDER: {10}, HOLDER: {11}})
     shown.readings = 0
 
@@ -54,6 +59,12 @@ def test_a_dropped_bystander_is_named_first_as_leases_lost_beyond_the_fault():
     assert said.startswith(f"the frontend dropped {BYSTANDER}, never faulted: the deployment lost")
     assert f"{HOLDER}'s own rejoin is not what this judged; {HOLDER}, healed after" in said
     assert said.endswith(f"; it lists none of {BYSTANDER}")
+
+
+def test_a_faulted_worker_that_exited_is_no_bystander_of_a_joiner():
+    """A joiner's rejoin: the worker its case killed is unlisted, rightly, and not blamed."""
+    said = unrejoined(deployment({11}, exited=(BYSTANDER,)), holder(), TIMEOUT, JOINED)
+    assert said.startswith(f"{HOLDER}, {JOINED}, never took a request: timed out")
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "abandoned": aggregate,
         "decode_race": ("prefill", "decode", "decode"),
         "engine_core": aggregate,
+        "join": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

@@ -186,6 +186,9 @@ class Topology:
     #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
     #: worker waits for the successor's first token.
     heal_at_move: bool = False
+    #: A load case whose faulted worker's replacement starts as the fault lands and must join
+    #: while the streams are in flight (`responses.joining`).
+    join: bool = False
 
     @property
     def id_axes(self) -> tuple[str, ...]:
@@ -265,6 +268,30 @@ LOAD = Topology(
     ),
     pre_merge_promise=LIFECYCLES_PROMISE,
     load=True,
+)
+
+#: A load case whose faulted worker is replaced while the streams are in flight: killed or
+#: drained, its replacement started as the fault lands (Dynamo issues 13088 and 14716).
+JOIN = replace(
+    LOAD,
+    name="join",
+    restrictions=(
+        *LOAD_RESTRICTIONS,
+        Restriction(
+            "fault",
+            KILLS,
+            "a worker that leaves for good is the one replaced: a stalled or cut-off worker "
+            "comes back by itself, as the load cases qualify",
+        ),
+    ),
+    pre_merge_ids=(
+        "migration_enabled-worker_failure-chat-nats",
+        "migration_enabled-graceful_shutdown-completion-tcp",
+    ),
+    pre_merge_promise=Promise(
+        values_of=(("policy", ("migration_enabled",)),), each_value_of=("fault", "api", "plane")
+    ),
+    join=True,
 )
 
 #: A request the frontend must not move (`MAY_NOT_MOVE`), faulted while it decodes: a guide
@@ -524,6 +551,7 @@ TOPOLOGIES: dict[str, Topology] = {
             pre_merge_ids=(),
             pre_merge_promise=Promise(),
         ),
+        JOIN,
         DECODE_RACE,
         ENGINE_CORE,
     )

@@ -77,6 +77,8 @@ class Deployment:
         #: The frontend that served the drawn workers their first request, stopped since.
         self.warm_up: ManagedProcess | None = None
         self.workers: list[Worker] = []
+        #: Workers that joined the running case (`responses.joining`), while they run.
+        self.joined: list[Worker] = []
         self.http_port: int | None = None
         #: (monotonic time, what the frontend listed) each time that changed while starting.
         self.listings: list[tuple[float, dict[str, int]]] = []
@@ -92,6 +94,11 @@ class Deployment:
         """The served model's name, once the pool has made its model."""
         assert self.model is not None
         return self.model.name
+
+    @property
+    def serving(self) -> list[Worker]:
+        """Every worker the case's frontend may route to: the drawn ones and those that joined."""
+        return self.workers + self.joined
 
     @property
     def base_url(self) -> str:

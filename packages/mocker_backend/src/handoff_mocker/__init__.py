@@ -111,7 +111,7 @@ TIMINGS = {
     },
     **{
         (name, fault): Timing(32, 900)
-        for name in ("load", "decode_load")
+        for name in ("load", "decode_load", "join")
         for fault in topology(name).allowed()["fault"]
     },
     **{
@@ -153,6 +153,7 @@ class MockerBackend(Backend):
         "abandoned": ("aggregate", "aggregate"),
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),
+        "join": ("aggregate", "aggregate", "aggregate"),
     }
     unsupported: ClassVar[dict[str, str]] = {
         "decode_race": "the mocker's workers take the frontend's cancellation the moment they "

@@ -145,7 +145,7 @@ class VllmBackend(DynamoGpuBackend):
         aggregate, decode = TOPOLOGIES["aggregate"], TOPOLOGIES["decode"]
         return {
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
-            "decode_race": decode, "engine_core": aggregate,
+            "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
         }  # fmt: skip
 
     @property

@@ -160,7 +160,7 @@ def migration_evidence(
     fault_at = history.started + next(
         e.at for e in reversed(history.events) if e.name == "fault_sent"
     )
-    others = {w.name: w for w in deployment.workers if w.role == role and w is not holder}
+    others = {w.name: w for w in deployment.serving if w.role == role and w is not holder}
     logs = {name: w.process.log_path for name, w in others.items()}
     response_id = response.chunks[0].data.get("id") if response.chunks else None
     taken = continuity.takeover(logs, str(response_id)) if response_id else None

@@ -21,7 +21,7 @@ from handoff.machine.pace import Pace, paced
 from handoff.machine.worker_logs import received
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import evidence, recovery, waits
+from handoff.responses import evidence, joining, recovery, waits
 from handoff.verdict import (
     Verdict,
     against_known_defect,
@@ -83,25 +83,61 @@ class Loaded:
 def exercise_load(run: waits.CaseRun) -> Verdict:
     """Send the backend's `load_requests` at once (streams and unary requests in turn, each
     prompt its own), fault the worker holding the most of them once every one is placed, and
-    judge each request, with the evidence every request gets, and the counters for all."""
+    judge each request, with the evidence every request gets, and the counters for all. In the
+    `join` topology the faulted worker's replacement starts as the fault lands
+    (`responses.joining`)."""
     deployment, case, settings, deadline, history = run.parts
     loaded = send_load(deployment, case, deadline, history, run.variant)
     victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
-    signalled_at = time.monotonic()
-    fault = recovery.send_fault(
-        case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
-        history, holding=len(victims),
-    )  # fmt: skip
-    recovery.record_fault(deployment, victim, fault, history)
-    heal = recovery.Heal(victim, fault, history)
-    in_window(deployment, fault, victims, loaded.before.counts, deadline)
-    # The broker's faults touch no worker: nothing any worker held is cut.
-    cut = [] if case.fault in BROKER else victims
-    # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
-    # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
-    outlives_lease = (
-        case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
-    )
+    joins = topology(case.topology).join
+    with joining.joined(deployment, victim.role, history, joins) as joiner:
+        signalled_at = time.monotonic()
+        fault = recovery.send_fault(
+            case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
+            history, holding=len(victims),
+        )  # fmt: skip
+        recovery.record_fault(deployment, victim, fault, history)
+        heal = recovery.Heal(victim, fault, history)
+        in_window(deployment, fault, victims, loaded.before.counts, deadline)
+        # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
+        # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
+        outlives_lease = (
+            case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
+        )
+        # The broker's faults touch no worker: nothing any worker held is cut.
+        cut = [] if case.fault in BROKER else victims
+        await_load(run, loaded, proven_at, (heal, cut) if not outlives_lease else None)
+        joined = [joiner.worker] if joiner else []
+        served = received(loaded.targets + joined, {str(h.request.request_id) for h in loaded.held})
+        verdict = judge_load(deployment, case, loaded, victim, cut, served, deadline, history)
+        verdict.reasons += recovery.aftermath(
+            deployment, case, victim, heal, loaded.held[0].request, loaded.first_shape,
+            outlives_lease, signalled_at,
+            deadline, history,
+        )  # fmt: skip
+        if joiner:
+            verdict.unproven += joiner.unproven(
+                [h.inflight for h in loaded.held], signalled_at, history
+            )
+            request, shape = loaded.held[0].request, loaded.first_shape
+            verdict.reasons += joiner.serving_problems(request, shape, history)
+            verdict.reasons += joiner.retire()
+    history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
+    verdict.passed = not verdict.reasons and not verdict.unproven
+    # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
+    defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
+    return against_known_defect(verdict, defect, victim.name)
+
+
+def await_load(
+    run: waits.CaseRun,
+    loaded: Loaded,
+    proven_at: float,
+    heal_cut: tuple[recovery.Heal, list[Held]] | None,
+) -> None:
+    """Wait for every response within the bound the case's rates allow (`load_bound`); a
+    silent fault's worker healed once each request it held has moved (`await_all`)."""
+    deployment, case, settings, deadline, history = run.parts
     bound_s, why = load_bound(
         loaded.held, case, settings, loaded.sent_at, proven_at, len(loaded.targets) - 1,
         deployment.backend.decoding_at_once(case),
@@ -111,22 +147,10 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     history.record("response_bound", seconds=round(bound_s, 1), why=why)
     await_all(
         loaded.held, deployment, loaded.before.counts, deadline.within(bound_s), why, history,
-        (heal, cut) if case.fault in SILENT and not outlives_lease else None,
+        heal_cut if case.fault in SILENT else None,
     )  # fmt: skip
     for h in loaded.held:
         waits.record_response(h.inflight, history, request=h.n)
-    served = received(loaded.targets, {str(h.request.request_id) for h in loaded.held})
-    verdict = judge_load(deployment, case, loaded, victim, cut, served, deadline, history)
-    verdict.reasons += recovery.aftermath(
-        deployment, case, victim, heal, loaded.held[0].request, loaded.first_shape,
-        outlives_lease, signalled_at,
-        deadline, history,
-    )  # fmt: skip
-    history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
-    verdict.passed = not verdict.reasons and not verdict.unproven
-    # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
-    defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
-    return against_known_defect(verdict, defect, victim.name)
 
 
 def send_load(

@@ -31,6 +31,11 @@ from handoff.responses.waits import (
 )
 from handoff.verdict import carries, completion_problems
 
+#: How a worker that must serve again is named in what its probes find: one whose fault was
+#: healed, or one that joined the case (`responses.joining`).
+HEALED = "healed after its fault"
+JOINED = "started as the fault landed"
+
 #: How long a resumed worker may take to serve a request again: the frontend avoids a worker
 #: that failed for about 5 s (docs/known-issues.md).
 REJOIN_BOUND_S = 15.0
@@ -252,11 +257,12 @@ def rejoin_problems(
     request: Request,
     history: History,
     shape: Shape,
+    who: str = HEALED,
 ) -> list[str]:
-    """A resumed or healed worker must serve again: short requests go out one at a time until
-    its log names one as received, within REJOIN_BOUND_S (none taken names it unroutable), and
-    the one it took must pass the verdict as a case's own would (`served_problems`). `shape`
-    (the case's) gives the backend's reference for it."""
+    """A resumed or healed worker (or one that joined: `who`) must serve again: short requests
+    go out one at a time until its log names one as received, within REJOIN_BOUND_S (none
+    taken names it unroutable), and the one it took must pass the verdict as a case's own
+    would (`served_problems`). `shape` (the case's) gives the backend's reference for it."""
     started = time.monotonic()
     expected = probe_reference(deployment, short(request), shape, history)
     url, model = deployment.base_url + "/metrics", deployment.model.name
@@ -275,8 +281,8 @@ def rejoin_problems(
             f"{holder.name} to take a request again",
         )  # fmt: skip
     except Timeout as exc:
-        return [unrejoined(deployment, holder, exc)]
-    problems = served_problems(deployment, holder, response, moves, expected)
+        return [unrejoined(deployment, holder, exc, who)]
+    problems = served_problems(deployment, holder, response, moves, expected, who)
     history.record(
         "worker_rejoined", worker=holder.name, requests=len(sent), request_id=probe.request_id,
         response=response.summary(), moves=moves, problems=problems,
@@ -306,6 +312,7 @@ def served_problems(
     response: Response,
     moves: int,
     expected: tuple[str | None, str],
+    who: str = HEALED,
 ) -> list[str]:
     """The request the healed worker took, judged as a case's own: complete, at its full
     length, with no error frame (`verdict.completion_problems`), its text the reference's where
@@ -329,21 +336,25 @@ def served_problems(
             f"it completed, but the frontend counted {moves} migration(s) of it: "
             f"{holder.name} did not serve it to the end"
         )
-    said = f"{holder.name}, healed after its fault, took a request and failed it: "
+    said = f"{holder.name}, {who}, took a request and failed it: "
     return [said + problem for problem in problems]
 
 
-def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout) -> str:
+def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout, who: str = HEALED) -> str:
     """Why the healed holder was not served by: where the frontend also dropped workers that
     were never faulted, the deployment lost leases beyond the fault, and that is said first.
     One reading of the listing backs both."""
-    failed = f"{holder.name}, healed after its fault, was never routed to again: {exc}"
+    never = "was never routed to again" if who == HEALED else "never took a request"
+    failed = f"{holder.name}, {who}, {never}: {exc}"
     try:
         listing = deployment.listing()
     except (requests.RequestException, ValueError) as error:
         return f"{failed}; {silent(error)}"
     view = deployment.describe(listing)
-    bystanders = [name for name in deployment.unlisted_in(listing[0]) if name != holder.name]
+    # A worker still running that the frontend dropped; a faulted one that exited is gone.
+    running = {w.name for w in deployment.workers if w.process.exit_code() is None}
+    unlisted = deployment.unlisted_in(listing[0])
+    bystanders = [name for name in unlisted if name != holder.name and name in running]
     if not bystanders:
         return f"{failed}; {view}"
     return (
@@ -472,7 +483,7 @@ def idle_problems(
     exports none fails the case."""
     survivors = [
         w
-        for w in deployment.workers
+        for w in deployment.serving
         if w.process.exit_code() is None
         and (
             faulted_at is None
