@@ -87,6 +87,7 @@ PUBLISHED_PRE_MERGE = {
         "migration_enabled-worker_failure-chat-nats",
         "migration_enabled-graceful_shutdown-completion-tcp",
     ],
+    "rolling": ["chat-nats", "completion-tcp"],
     "guided": ["migration_enabled-worker_failure-chat-stream-nats"],
     "choices": [],
     "abandoned": [

@@ -144,8 +144,8 @@ def test_gpu_cases_run_longest_first_on_the_gpu_they_were_given(run, tmp_path):
 
 def test_mocker_cases_run_as_before_without_reading_nvml(run):
     result, seen, opened, _ = run("mocker")
-    result.assert_outcomes(passed=60)
-    assert len(seen) == 60 and opened == []
+    result.assert_outcomes(passed=62)
+    assert len(seen) == 62 and opened == []
     assert all(env["CUDA_VISIBLE_DEVICES"] is None and held == [] for _, env, held, _ in seen)
     keys = [key for key, *_ in seen]
     # Equal timeouts: the selection's own order, pool by pool. The guided and abandoned cases
@@ -154,7 +154,7 @@ def test_mocker_cases_run_as_before_without_reading_nvml(run):
     last_aggregate = len(topologies) - topologies[::-1].index("aggregate")
     assert set(topologies[:last_aggregate]) == {"aggregate", "guided", "abandoned"}
     assert list(dict.fromkeys(topologies[last_aggregate:])) == [
-        "decode", "kv_transfer", "prefill", "load", "join"
+        "decode", "kv_transfer", "prefill", "load", "join", "rolling"
     ]  # fmt: skip
 
 

@@ -189,6 +189,9 @@ class Topology:
     #: A load case whose faulted worker's replacement starts as the fault lands and must join
     #: while the streams are in flight (`responses.joining`).
     join: bool = False
+    #: A rolling restart under a steady load (`responses.rolling`): every worker of the target
+    #: role drained and replaced in turn.
+    rolling: bool = False
 
     @property
     def id_axes(self) -> tuple[str, ...]:
@@ -292,6 +295,33 @@ JOIN = replace(
         values_of=(("policy", ("migration_enabled",)),), each_value_of=("fault", "api", "plane")
     ),
     join=True,
+)
+
+#: A rolling restart under a steady load: each worker of the target role drained in turn while
+#: its replacement starts, the next one once the replacement is listed (Dynamo issue 13088).
+ROLLING = replace(
+    LOAD,
+    name="rolling",
+    restrictions=(
+        *LOAD_RESTRICTIONS,
+        Restriction(
+            "fault",
+            ("graceful_shutdown",),
+            "a rolling restart drains each worker in turn, as an orchestrator does: the id "
+            "leaves the fault out",
+        ),
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "a rolling restart loses nothing only where requests move; what each policy does to "
+            "a drained worker's requests is qualified by the load and join cases: the id leaves "
+            "the policy out",
+        ),
+    ),
+    omitted_from_id=("policy", "fault", "response"),
+    pre_merge_ids=("chat-nats", "completion-tcp"),
+    pre_merge_promise=Promise(each_value_of=("api", "plane")),
+    rolling=True,
 )
 
 #: A request the frontend must not move (`MAY_NOT_MOVE`), faulted while it decodes: a guide
@@ -552,6 +582,7 @@ TOPOLOGIES: dict[str, Topology] = {
             pre_merge_promise=Promise(),
         ),
         JOIN,
+        ROLLING,
         DECODE_RACE,
         ENGINE_CORE,
     )
@@ -717,18 +748,21 @@ def _nightly_rows(
     values: tuple[tuple[str, tuple[str, ...]], ...], seeds: tuple[tuple[tuple[str, str], ...], ...]
 ) -> tuple[tuple[tuple[str, str], ...], ...]:
     """Generated once (`handoff.covering.stored`): collection and `handoff cases` ask for it
-    repeatedly, in every process."""
+    repeatedly, in every process. Every triple; every pair where two axes alone vary."""
     seeded = model(dict(values), tuple(dict(s) for s in seeds))
-    return tuple(tuple(row.items()) for row in stored.generate(seeded, strength=3))
+    strength = min(3, sum(len(v) > 1 for _, v in values))
+    return tuple(tuple(row.items()) for row in stored.generate(seeded, strength=strength))
 
 
 def promise(topology_name: str, name: str) -> Promise:
     """What the selection promises. A nightly promises every triple over the axes the
-    topology's ids name: an axis it fixes to one value (kv_transfer's policy) has nothing to
-    cover."""
+    topology's ids name (every pair where they are two): an axis it fixes to one value
+    (kv_transfer's policy) has nothing to cover."""
     where = topology(topology_name)
     if name == "pre_merge":
         return where.pre_merge_promise
+    if len(where.id_axes) < 3:  # `rolling`: its two axes in pairs, the whole product
+        return Promise(pairs_over=where.id_axes, each_value_of=where.id_axes)
     return Promise(triples_over=where.id_axes, each_value_of=where.id_axes)
 
 

@@ -48,14 +48,14 @@ CONTEXT_TOKENS = 1024
 #: tokens of decoding outlast a SIGKILL and the 2 s graceful bound on any of the engines.
 OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 512, "kv_transfer": 192, "load": 512, "guided": 512,
-    "abandoned": 512, "decode_race": 512, "engine_core": 512, "join": 512,
+    "abandoned": 512, "decode_race": 512, "engine_core": 512, "join": 512, "rolling": 512,
 }  # fmt: skip
 #: Prompt tokens per topology as the engine prefills them. kv_transfer: the 823-token KV
 #: prefix that the prefill worker hands over (823 + 192 = 1,015 of the 1,024-token context).
 #: load, guided, abandoned, decode_race: the aggregate's prompt (vLLM's CPU engine runs them).
 PROMPT_TOKENS = {
     "aggregate": 64, "decode": 64, "kv_transfer": 823, "load": 64, "guided": 64, "abandoned": 64,
-    "decode_race": 64, "engine_core": 64, "join": 64,
+    "decode_race": 64, "engine_core": 64, "join": 64, "rolling": 64,
 }  # fmt: skip
 TOPOLOGIES = {
     "aggregate": ("aggregate", "aggregate"),
@@ -84,6 +84,7 @@ NOT_BUILT_ON_GPUS = {
     "load": LOAD_NOT_BUILT,
     "decode_load": LOAD_NOT_BUILT,
     "join": LOAD_NOT_BUILT,
+    "rolling": LOAD_NOT_BUILT,
     "guided": FIRST_ON_CPUS,
     "choices": FIRST_ON_CPUS,
     "abandoned": FIRST_ON_CPUS,

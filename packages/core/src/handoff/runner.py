@@ -22,7 +22,7 @@ from handoff.policies import (
 )
 from handoff.polling import Deadline, interruptible
 from handoff.pool import Pool, Pools
-from handoff.responses import abandon, load, single
+from handoff.responses import abandon, load, rolling, single
 from handoff.responses.waits import (
     CaseRun,
     Settings,
@@ -145,7 +145,9 @@ def deploy_and_exercise(
         ports=deployment.ports,
     )
     exercised = (
-        load.exercise_load
+        rolling.exercise_rolling
+        if topology(case.topology).rolling
+        else load.exercise_load
         if topology(case.topology).load
         else abandon.exercise_abandon
         if case.fault in ABANDONS

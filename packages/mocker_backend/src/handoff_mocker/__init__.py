@@ -111,7 +111,7 @@ TIMINGS = {
     },
     **{
         (name, fault): Timing(32, 900)
-        for name in ("load", "decode_load", "join")
+        for name in ("load", "decode_load", "join", "rolling")
         for fault in topology(name).allowed()["fault"]
     },
     **{
@@ -154,6 +154,7 @@ class MockerBackend(Backend):
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),
         "join": ("aggregate", "aggregate", "aggregate"),
+        "rolling": ("aggregate", "aggregate", "aggregate"),
     }
     unsupported: ClassVar[dict[str, str]] = {
         "decode_race": "the mocker's workers take the frontend's cancellation the moment they "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from handoff import client, faults, metrics
@@ -314,16 +315,29 @@ def settled_counts(
     deadline: Deadline,
 ) -> metrics.MigrationCounts:
     """What the frontend's counters rose by since `before` (the case's own request), once that
-    agrees with the expectation, or as last seen at the bound. Counters are updated
-    asynchronously to the response, so a reading taken the instant the client finished may lag;
-    a wrong count still fails, with the value seen at the bound."""
+    agrees with the expectation, or as last seen at the bound (`settled`)."""
+    return settled(
+        metrics_url, model, before, lambda counts: count_problems(expected, counts, mode), deadline
+    )
+
+
+def settled(
+    metrics_url: str,
+    model: str,
+    before: metrics.MigrationCounts,
+    problems_of: Callable[[metrics.MigrationCounts], list[str]],
+    deadline: Deadline,
+) -> metrics.MigrationCounts:
+    """What the counters rose by since `before`, once `problems_of` finds none in it, or as last
+    seen at the bound. Counters are updated asynchronously to the response, so a reading taken
+    the instant the client finished may lag; a wrong count still fails, with the value seen at
+    the bound."""
     last: list[metrics.MigrationCounts] = []
 
     def probe() -> tuple[metrics.MigrationCounts | None, str]:
         scraped = metrics.MigrationCounts.read(metrics_url, model)
         last[:] = [scraped.since(before)]
-        agree = not count_problems(expected, last[0], mode)
-        return (last[0] if agree else None), str(last[0])
+        return (None if problems_of(last[0]) else last[0]), str(last[0])
 
     try:
         return poll_until(probe, deadline.within(METRICS_SETTLE_S), "migration counters")

@@ -1,0 +1,304 @@
+"""A rolling restart under a steady load (the `rolling` topology), as an orchestrator rolls a
+deployment: each worker of the target role in turn, once it holds a request, is drained
+(SIGTERM, then SIGKILL after the graceful bound) while its replacement starts
+(`joining.Joiner`), and the next is drained only once the frontend lists that replacement.
+Meanwhile a client keeps the backend's `load_requests` requests in flight, sending a new one,
+with a prompt of its own, as each ends.
+
+Every request is then accounted for: it completes, its text the reference's where the backend
+has one; the moves the frontend counted equal the hand-overs the workers' logs show (a request
+received by k workers was handed over k - 1 times), and none failed; every replacement takes a
+request of its own and serves it; every gauge falls to 0. A drained worker that held no request
+when its turn came proved nothing: not proven."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+
+from handoff import metrics
+from handoff.backend import Shape, Worker
+from handoff.cases import Case, topology
+from handoff.client import InFlight, Request
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.faults import HOLDER_TIMEOUT_S
+from handoff.history import History
+from handoff.machine.worker_logs import received
+from handoff.policies import expected_outcome
+from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
+from handoff.responses import evidence, joining, load, recovery, waits
+from handoff.verdict import Verdict
+
+DRAIN = "graceful_shutdown"
+#: Why a hand-over may count as `new_request`: Dynamo 1.6.1 counts the move of a request that
+#: streamed nothing before its worker left so, where a load case's kill counts it
+#: `ongoing_request` (docs/known-issues.md).
+QUEUED_AS_NEW = "a request that had streamed nothing when its worker was drained"
+
+
+@dataclass
+class SteadyLoad:
+    """`count` requests kept in flight from `start()` until `stop()`, each new one of its own
+    prompt (`Backend.shape` of the next variant) and `max_tokens`; every one sent is kept."""
+
+    deployment: Deployment
+    case: Case
+    count: int
+    max_tokens: int
+    first_variant: int
+    read_timeout_s: float
+    sent: list[tuple[InFlight, Shape]] = field(default_factory=list)
+
+    #: When each worker's drain began (its SIGTERM), by name.
+    drained_at: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="steady-load", daemon=True)
+
+    def start(self) -> None:
+        self._top_up()
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            self._top_up()
+
+    def _top_up(self) -> None:
+        open_now = sum(not inflight.finished for inflight, _ in self.sent)
+        for _ in range(self.count - open_now):
+            n = len(self.sent)
+            shape = replace(
+                self.deployment.backend.shape(self.case, self.first_variant + n),
+                max_tokens=self.max_tokens,
+            )
+            request = Request(
+                self.case.api, n % 2 == 0, self.deployment.model_name, shape.prompt,
+                shape.max_tokens, str(uuid.uuid4()),
+            )  # fmt: skip
+            self.sent.append(
+                (InFlight(self.deployment.base_url, request, self.read_timeout_s), shape)
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def open_ids(self) -> set[str]:
+        return {str(i.request.request_id) for i, _ in self.sent if not i.finished}
+
+
+def exercise_rolling(run: waits.CaseRun) -> Verdict:
+    """Start the steady load, roll every worker of the target role (`roll`), stop sending,
+    wait for every response within its bound, and account for every request."""
+    deployment, case, settings, deadline, history = run.parts
+    shapes, _ = load.sized_shapes(deployment, case, run.variant, deadline, history)
+    url, model = deployment.base_url + "/metrics", deployment.model_name
+    before = metrics.FrontendReading.read(url, model)
+    steady = SteadyLoad(
+        deployment, case, len(shapes), shapes[0].max_tokens, run.variant * len(shapes),
+        deadline.remaining() + waits.CLIENT_GRACE_S,
+    )  # fmt: skip
+    history.record("steady_load", in_flight=len(shapes), max_tokens=shapes[0].max_tokens)
+    with ExitStack() as replacements:
+        steady.start()
+        try:
+            first_drain, unproven, joiners = roll(run, steady, replacements)
+        finally:
+            steady.stop()
+        await_every_response(steady, settings.graceful_bound_s, deadline, history)
+        verdict = judge_rolling(deployment, case, steady, before.counts, deadline, history)
+        verdict.unproven += unproven
+        verdict.reasons += recovery.idle_problems(deployment, url, deadline, history, first_drain)
+        probe, shape = steady.sent[0][0].request, steady.sent[0][1]
+        for joiner in joiners:
+            verdict.reasons += joiner.serving_problems(probe, shape, history)
+            verdict.reasons += joiner.retire()
+    verdict.passed = not verdict.reasons and not verdict.unproven
+    return verdict
+
+
+def roll(
+    run: waits.CaseRun, steady: SteadyLoad, replacements: ExitStack
+) -> tuple[float, list[str], list[joining.Joiner]]:
+    """Each worker of the target role in turn: once it holds a request, drain it while its
+    replacement starts, then wait until the frontend lists the replacement. When the first
+    drain began, what was not proven, and the replacements."""
+    deployment, case, settings, deadline, history = run.parts
+    role = topology(case.topology).target_role
+    targets = [w for w in deployment.workers if w.role == role]
+    unproven: list[str] = []
+    joiners: list[joining.Joiner] = []
+    first_drain = None
+    for worker in targets:
+        held = holding(worker, steady, deadline)
+        if not held:
+            unproven.append(
+                f"{worker.name} held no request when its turn came ({HOLDER_TIMEOUT_S:g} s): "
+                f"its drain moved nothing"
+            )
+        joiner = replacements.enter_context(joining.joined(deployment, role, history, True))
+        joiners.append(joiner)
+        first_drain = first_drain or time.monotonic()
+        steady.drained_at[worker.name] = time.monotonic()
+        watched = load.VictimWatch([load.Held(n, inflight) for n, inflight in enumerate(held)])
+        fault = recovery.send_fault(
+            DRAIN, worker, watched, settings, deadline, deployment.pool.nats, history,
+            holding=len(held),
+        )  # fmt: skip
+        recovery.record_fault(deployment, worker, fault, history)
+        poll_until(
+            lambda joiner=joiner: (joiner.listed_at, joiner.seen),
+            deadline.within(settings.startup_timeout_s),
+            f"the frontend to list {joiner.worker.name}, the replacement of {worker.name}",
+        )
+    assert first_drain is not None, "a rolling topology has workers of its target role"
+    return first_drain, unproven, joiners
+
+
+def holding(worker: Worker, steady: SteadyLoad, deadline: Deadline) -> list[InFlight]:
+    """The open requests `worker`'s log names as received, once it names one; none if it
+    names none within HOLDER_TIMEOUT_S."""
+
+    def probe() -> tuple[list[InFlight] | None, str]:
+        mine = received([worker], steady.open_ids())
+        held = [i for i, _ in steady.sent if str(i.request.request_id) in mine]
+        return (held or None), f"{len(steady.open_ids())} requests open, none on {worker.name}"
+
+    try:
+        return poll_until(probe, deadline.within(HOLDER_TIMEOUT_S), f"{worker.name} to hold one")
+    except Timeout:
+        return []
+
+
+def await_every_response(
+    steady: SteadyLoad, graceful_bound_s: float, deadline: Deadline, history: History
+) -> None:
+    """Every response ends within the bound the run's own rates allow: the slowest whole
+    response seen so far, `waits.RESPONSE_SLOWER_BY` times slower, after a drain's graceful
+    bound, and `waits.RESPONSE_FIXED_S` for the moves; one still open then fails as hung."""
+    seen = [i.response.finished_at - i.sent_at for i, _ in steady.sent if i.response.finished_at]
+    if not seen:
+        raise CaseFailure("no request ended during the restart: nothing to bound the rest by")
+    slowest = max(seen)
+    bound_s = waits.RESPONSE_SLOWER_BY * slowest + graceful_bound_s + waits.RESPONSE_FIXED_S
+    why = (
+        f"{bound_s:.0f} s after the last drain: {waits.RESPONSE_SLOWER_BY:g}x the slowest of "
+        f"{len(seen)} responses ({slowest:.1f} s), the graceful bound, and "
+        f"{waits.RESPONSE_FIXED_S:g} s for the moves"
+    )
+    history.record("response_bound", seconds=round(bound_s, 1), why=why)
+
+    def probe() -> tuple[bool | None, str]:
+        still = [n for n, (i, _) in enumerate(steady.sent) if not i.finished]
+        return (None if still else True), f"requests {still} open"
+
+    try:
+        poll_until(probe, deadline.within(bound_s), "every response to end")
+    except Timeout:
+        open_now = "; ".join(
+            f"request {n}: {waits.last_token(i)}"
+            for n, (i, _) in enumerate(steady.sent)
+            if not i.finished
+        )
+        raise CaseFailure(f"hung: still open {why}: {open_now}") from None
+    for n, (inflight, _) in enumerate(steady.sent):
+        waits.record_response(inflight, history, request=n)
+
+
+def judge_rolling(
+    deployment: Deployment,
+    case: Case,
+    steady: SteadyLoad,
+    before: metrics.MigrationCounts,
+    deadline: Deadline,
+    history: History,
+) -> Verdict:
+    """Each request with the evidence every request gets, cut where the logs show it handed
+    over; and the frontend's moves against the hand-overs, none failed."""
+    backend = deployment.backend
+    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, DRAIN)
+    ids = {str(i.request.request_id) for i, _ in steady.sent}
+    served = received(deployment.serving, ids)
+    problems: list[str] = []
+    notes: dict[str, list[int]] = {}
+    handovers = 0
+    for n, (inflight, shape) in enumerate(steady.sent):
+        request, workers = inflight.request, served.get(str(inflight.request.request_id), [])
+        handovers += max(len(workers) - 1, 0)
+        kind = "stream" if request.stream else "unary"
+        by = ", ".join(workers) or "no worker"
+        label = f"request {n} ({kind}, id {request.request_id}, served by {by})"
+        baseline = replace(request, request_id=None)
+        text = waits.reference_text(deployment, case.api, shape, baseline, deadline, history)
+        found = evidence.judged(
+            request, inflight.response, evidence.owing(backend, request, shape, text), outcome,
+            case.policy, len(workers) > 1, backend, lambda: None,
+        )  # fmt: skip
+        problems += [f"{label}: {p}" for p in found.problems] + (
+            [f"{label}: no worker's log names it"] if not workers else []
+        )
+        for note in found.notes:
+            notes.setdefault(note, []).append(n)
+    queued = maybe_queued(steady, served)
+    counts = waits.settled(
+        deployment.base_url + "/metrics", deployment.model_name, before,
+        lambda c: move_problems(c, handovers, queued), deadline,
+    )  # fmt: skip
+    history.record("metrics_read", counts=counts.as_dict())
+    history.record("rolled", requests=len(steady.sent), handovers=handovers, new_allowed=queued)
+    problems += move_problems(counts, handovers, queued)
+    if counts.new_request and not problems:
+        notes[f"{counts.new_request} hand-over(s) counted as new_request: {QUEUED_AS_NEW}"] = []
+    return Verdict(
+        passed=not problems,
+        reasons=problems,
+        phase="verdict",
+        notes=[
+            f"requests {', '.join(map(str, ns))}: {note}" if ns else note
+            for note, ns in notes.items()
+        ],
+    )
+
+
+def maybe_queued(steady: SteadyLoad, served: dict[str, list[str]]) -> int:
+    """The hand-overs of a request that had streamed no token when the worker it left began
+    to drain: a unary request's (its tokens come at its end) or a stream's with none yet."""
+    count = 0
+    for inflight, _ in steady.sent:
+        for left in served.get(str(inflight.request.request_id), [])[:-1]:
+            at = steady.drained_at.get(left)
+            chunks = [c.at for c in inflight.response.chunks if c.text]
+            if not inflight.request.stream or at is None or not any(t < at for t in chunks):
+                count += 1
+    return count
+
+
+def move_problems(counts: metrics.MigrationCounts, handovers: int, queued: int) -> list[str]:
+    """The frontend's moves against the hand-overs in the workers' logs: one move each, of
+    either kind, `new_request` only for a hand-over of a request that had streamed nothing
+    (`maybe_queued`), each a success, none failed, none over the sequence cap."""
+    problems = []
+    if counts.moves != handovers:
+        problems.append(
+            f"the frontend counted {counts.moves} moves (ongoing_request "
+            f"{counts.ongoing_request}, new_request {counts.new_request}); the workers' logs "
+            f"show {handovers} hand-overs"
+        )
+    if counts.new_request > queued:
+        problems.append(
+            f"migration counter new_request = {counts.new_request}, but only {queued} "
+            f"hand-over(s) were of a request that had streamed nothing when its worker drained"
+        )
+    wanted = {"succeeded": handovers, "failed": 0, "max_seq_len_exceeded": 0}
+    seen = counts.as_dict()
+    problems += [
+        f"migration counter {name} = {seen[name]}, expected {want}"
+        for name, want in wanted.items()
+        if seen[name] != want
+    ]
+    return problems
