@@ -52,17 +52,17 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
 @pytest.mark.parametrize(
     ("args", "count"),
     [
-        (("-m", "pre_merge and mocker"), 58),
+        (("-m", "pre_merge and mocker"), 62),
         (("-m", "nightly"), 0),
         # The deadline's own marker; `timeout` is pytest-timeout's, which would enforce it.
-        (("-m", "handoff_timeout"), 58),
+        (("-m", "handoff_timeout"), 62),
         (("-m", "timeout"), 0),
         (("-k", "aggregate and nats"), 22),
         (("-k", "aggregate and migration_disabled and unary"), 6),
         (("--handoff-topology", "decode"), 14),
         (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
         (("--handoff-selection", "nightly"), None),  # the generated count, made in the test
-        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 64 + 64 + 12 + 96 + 96),
+        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 64 + 64 + 12 + 96 + 96 + 32 + 4),
         (("--handoff-selection", "full", "--handoff-topology", "aggregate"), 200),
     ],
 )

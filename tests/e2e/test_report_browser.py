@@ -112,5 +112,10 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     drawn = Timelines(dom.stdout)
     assert sorted(drawn.keys) == sorted(CASES)
-    load = [key for key in CASES if key.startswith("load/")]
-    assert drawn.lanes == dict.fromkeys(load, MockerBackend.defaults["load_requests"])
+    # A lane per request: a load or join case's batch; a rolling restart's, every one it sent.
+    batch = MockerBackend.defaults["load_requests"]
+    many = [key for key in CASES if TOPOLOGIES[key.split("/")[0]].load]
+    assert sorted(drawn.lanes) == sorted(many)
+    for key in many:
+        rolling = TOPOLOGIES[key.split("/")[0]].rolling
+        assert drawn.lanes[key] > batch if rolling else drawn.lanes[key] == batch, drawn.lanes

@@ -18,16 +18,11 @@ HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "w
 TIMEOUT = Timeout("timed out waiting for worker-1-aggregate to take a request again")
 
 
-def deployment(listed: set[int] | None, exited: tuple[str, ...] = ()) -> Deployment:
+def deployment(listed: set[int] | None) -> Deployment:
     """A deployment of three workers, one not yet registered, whose frontend lists `listed`
-    (None: it does not answer); the workers named in `exited` have exited."""
+    (None: it does not answer)."""
     shown = object.__new__(Deployment)
-    shown.workers = [
-        SimpleNamespace(
-            name=n, process=SimpleNamespace(exit_code=lambda n=n: -9 if n in exited else None)
-        )
-        for n in (BYSTANDER, HOLDER, UNREGISTERED)
-    ]
+    shown.workers = [SimpleNamespace(name=n) for n in (BYSTANDER, HOLDER, UNREGISTERED)]
     shown.pool = SimpleNamespace(instance_ids={BYSTANDER: {10}, HOLDER: {11}})
     shown.readings = 0
 
@@ -61,10 +56,13 @@ def test_a_dropped_bystander_is_named_first_as_leases_lost_beyond_the_fault():
     assert said.endswith(f"; it lists none of {BYSTANDER}")
 
 
-def test_a_faulted_worker_that_exited_is_no_bystander_of_a_joiner():
-    """A joiner's rejoin: the worker its case killed is unlisted, rightly, and not blamed."""
-    said = unrejoined(deployment({11}, exited=(BYSTANDER,)), holder(), TIMEOUT, JOINED)
+def test_the_worker_a_joiner_replaced_is_no_bystander_but_any_other_is():
+    """A joiner's probes: the worker its case ended is unlisted, rightly, and not blamed; one
+    the case never faulted and the frontend dropped is, first."""
+    said = unrejoined(deployment({11}), holder(), TIMEOUT, JOINED, ended=(BYSTANDER,))
     assert said.startswith(f"{HOLDER}, {JOINED}, never took a request: timed out")
+    said = unrejoined(deployment({11}), holder(), TIMEOUT, JOINED, ended=("worker-9-aggregate",))
+    assert said.startswith(f"the frontend dropped {BYSTANDER}, never faulted")
 
 
 @pytest.mark.parametrize(

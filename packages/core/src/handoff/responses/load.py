@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -79,6 +81,10 @@ class Loaded:
     #: The first request's shape: the probes of the deployment are made of that request.
     first_shape: Shape
 
+    def probe(self) -> tuple[Request, Callable[[], bool]]:
+        """What a joiner's probes are made of, and whether a request of the load is still open."""
+        return self.held[0].request, lambda: any(not h.inflight.finished for h in self.held)
+
 
 def exercise_load(run: waits.CaseRun) -> Verdict:
     """Send the backend's `load_requests` at once (streams and unary requests in turn, each
@@ -89,8 +95,14 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     deployment, case, settings, deadline, history = run.parts
     loaded = send_load(deployment, case, deadline, history, run.variant)
     victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
-    joins = topology(case.topology).join
-    with joining.joined(deployment, victim.role, history, joins) as joiner:
+    with ExitStack() as stack:
+        joiner = (
+            stack.enter_context(
+                joining.joined(deployment, victim.role, history, *loaded.probe(), [victim.name])
+            )
+            if topology(case.topology).join
+            else None
+        )
         signalled_at = time.monotonic()
         fault = recovery.send_fault(
             case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
@@ -107,21 +119,20 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
         # The broker's faults touch no worker: nothing any worker held is cut.
         cut = [] if case.fault in BROKER else victims
         await_load(run, loaded, proven_at, (heal, cut) if not outlives_lease else None)
-        joined = [joiner.worker] if joiner else []
-        served = received(loaded.targets + joined, {str(h.request.request_id) for h in loaded.held})
+        ids = {str(h.request.request_id) for h in loaded.held}
+        served = received(deployment.serving, ids)
         verdict = judge_load(deployment, case, loaded, victim, cut, served, deadline, history)
+        if joiner:  # its probe ends before every gauge must read 0 (`aftermath`)
+            problems, unproven = joiner.problems(
+                [h.inflight for h in loaded.held], loaded.first_shape, served, history
+            )
+            verdict.reasons += problems + joiner.retire()
+            verdict.unproven += unproven
         verdict.reasons += recovery.aftermath(
             deployment, case, victim, heal, loaded.held[0].request, loaded.first_shape,
             outlives_lease, signalled_at,
             deadline, history,
         )  # fmt: skip
-        if joiner:
-            verdict.unproven += joiner.unproven(
-                [h.inflight for h in loaded.held], signalled_at, history
-            )
-            request, shape = loaded.held[0].request, loaded.first_shape
-            verdict.reasons += joiner.serving_problems(request, shape, history)
-            verdict.reasons += joiner.retire()
     history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
     verdict.passed = not verdict.reasons and not verdict.unproven
     # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 import requests
@@ -21,7 +21,7 @@ from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.machine.processes import ManagedProcess
-from handoff.machine.worker_logs import receipts
+from handoff.machine.worker_logs import receipts, received
 from handoff.policies import SERVICE_UNAVAILABLE
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses.waits import (
@@ -258,11 +258,13 @@ def rejoin_problems(
     history: History,
     shape: Shape,
     who: str = HEALED,
+    ended: Collection[str] = (),
 ) -> list[str]:
-    """A resumed or healed worker (or one that joined: `who`) must serve again: short requests
-    go out one at a time until its log names one as received, within REJOIN_BOUND_S (none
-    taken names it unroutable), and the one it took must pass the verdict as a case's own
-    would (`served_problems`). `shape` (the case's) gives the backend's reference for it."""
+    """A resumed or healed worker (or one that joined: `who`, replacing the workers `ended`)
+    must serve again: short requests go out one at a time until its log names one as
+    received, within REJOIN_BOUND_S (none taken names it unroutable), and the one it took
+    must pass the verdict as a case's own would (`served_problems`). `shape` (the case's)
+    gives the backend's reference for it."""
     started = time.monotonic()
     expected = probe_reference(deployment, short(request), shape, history)
     url, model = deployment.base_url + "/metrics", deployment.model.name
@@ -281,8 +283,8 @@ def rejoin_problems(
             f"{holder.name} to take a request again",
         )  # fmt: skip
     except Timeout as exc:
-        return [unrejoined(deployment, holder, exc, who)]
-    problems = served_problems(deployment, holder, response, moves, expected, who)
+        return [unrejoined(deployment, holder, exc, who, ended)]
+    problems = served_problems(deployment, holder, probe, response, moves, expected, who)
     history.record(
         "worker_rejoined", worker=holder.name, requests=len(sent), request_id=probe.request_id,
         response=response.summary(), moves=moves, problems=problems,
@@ -309,15 +311,17 @@ def probe_reference(
 def served_problems(
     deployment: Deployment,
     holder: Worker,
+    probe: Request,
     response: Response,
     moves: int,
     expected: tuple[str | None, str],
     who: str = HEALED,
 ) -> list[str]:
-    """The request the healed worker took, judged as a case's own: complete, at its full
-    length, with no error frame (`verdict.completion_problems`), its text the reference's where
-    there is one (`continuity.check`), and served by the worker alone: a request it failed
-    that the frontend moved elsewhere completes too, but the frontend counts the move."""
+    """The request the worker took (healed, or one that joined: `who`), judged as a case's
+    own: complete, at its full length, with no error frame (`verdict.completion_problems`), its
+    text the reference's where there is one (`continuity.check`), and served by the worker
+    alone: a request it failed that the frontend moved elsewhere completes too, but the
+    frontend counts the move (`moves`, where known) and the other worker's log names it."""
     backend = deployment.backend
     problems = completion_problems(response, REJOIN_TOKENS)
     if not problems:
@@ -336,11 +340,24 @@ def served_problems(
             f"it completed, but the frontend counted {moves} migration(s) of it: "
             f"{holder.name} did not serve it to the end"
         )
+    rid = str(probe.request_id)
+    others = [w for w in received(deployment.serving, {rid}).get(rid, []) if w != holder.name]
+    if others and not problems:
+        problems.append(
+            f"it completed, but {', '.join(others)} received it too: {holder.name} did not "
+            f"serve it to the end"
+        )
     said = f"{holder.name}, {who}, took a request and failed it: "
     return [said + problem for problem in problems]
 
 
-def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout, who: str = HEALED) -> str:
+def unrejoined(
+    deployment: Deployment,
+    holder: Worker,
+    exc: Timeout,
+    who: str = HEALED,
+    ended: Collection[str] = (),
+) -> str:
     """Why the healed holder was not served by: where the frontend also dropped workers that
     were never faulted, the deployment lost leases beyond the fault, and that is said first.
     One reading of the listing backs both."""
@@ -351,10 +368,9 @@ def unrejoined(deployment: Deployment, holder: Worker, exc: Timeout, who: str = 
     except (requests.RequestException, ValueError) as error:
         return f"{failed}; {silent(error)}"
     view = deployment.describe(listing)
-    # A worker still running that the frontend dropped; a faulted one that exited is gone.
-    running = {w.name for w in deployment.workers if w.process.exit_code() is None}
+    # The workers the case ended on purpose (`ended`: those a joiner replaced) are gone.
     unlisted = deployment.unlisted_in(listing[0])
-    bystanders = [name for name in unlisted if name != holder.name and name in running]
+    bystanders = [name for name in unlisted if name != holder.name and name not in ended]
     if not bystanders:
         return f"{failed}; {view}"
     return (

@@ -103,7 +103,10 @@ def exercise_rolling(run: waits.CaseRun) -> Verdict:
         deployment, case, len(shapes), shapes[0].max_tokens, run.variant * len(shapes),
         deadline.remaining() + waits.CLIENT_GRACE_S,
     )  # fmt: skip
-    history.record("steady_load", in_flight=len(shapes), max_tokens=shapes[0].max_tokens)
+    # The start of the load, as a load case's `requests_sent` (report.html draws its lanes).
+    history.record(
+        "requests_sent", steady=True, in_flight=len(shapes), max_tokens=shapes[0].max_tokens
+    )
     with ExitStack() as replacements:
         steady.start()
         try:
@@ -113,11 +116,13 @@ def exercise_rolling(run: waits.CaseRun) -> Verdict:
         await_every_response(steady, settings.graceful_bound_s, deadline, history)
         verdict = judge_rolling(deployment, case, steady, before.counts, deadline, history)
         verdict.unproven += unproven
+        every = [inflight for inflight, _ in steady.sent]
+        served = received(deployment.serving, {str(i.request.request_id) for i in every})
+        for joiner in joiners:  # their probes end before every gauge must read 0
+            problems, late = joiner.problems(every, steady.sent[0][1], served, history)
+            verdict.reasons += problems + joiner.retire()
+            verdict.unproven += late
         verdict.reasons += recovery.idle_problems(deployment, url, deadline, history, first_drain)
-        probe, shape = steady.sent[0][0].request, steady.sent[0][1]
-        for joiner in joiners:
-            verdict.reasons += joiner.serving_problems(probe, shape, history)
-            verdict.reasons += joiner.retire()
     verdict.passed = not verdict.reasons and not verdict.unproven
     return verdict
 
@@ -141,7 +146,13 @@ def roll(
                 f"{worker.name} held no request when its turn came ({HOLDER_TIMEOUT_S:g} s): "
                 f"its drain moved nothing"
             )
-        joiner = replacements.enter_context(joining.joined(deployment, role, history, True))
+        # No probes: the steady load's new requests reach the replacement, and a probe could
+        # meet the next drain and be moved beside the load's own hand-overs.
+        joiner = replacements.enter_context(
+            joining.joined(
+                deployment, role, history, None, lambda: bool(steady.open_ids()), [worker.name]
+            )
+        )
         joiners.append(joiner)
         first_drain = first_drain or time.monotonic()
         steady.drained_at[worker.name] = time.monotonic()
@@ -250,6 +261,7 @@ def judge_rolling(
         lambda c: move_problems(c, handovers, queued), deadline,
     )  # fmt: skip
     history.record("metrics_read", counts=counts.as_dict())
+    history.record("load_accounted", requests=accounted(steady, served))
     history.record("rolled", requests=len(steady.sent), handovers=handovers, new_allowed=queued)
     problems += move_problems(counts, handovers, queued)
     if counts.new_request and not problems:
@@ -302,3 +314,23 @@ def move_problems(counts: metrics.MigrationCounts, handovers: int, queued: int) 
         if seen[name] != want
     ]
     return problems
+
+
+def accounted(steady: SteadyLoad, served: dict[str, list[str]]) -> list[dict[str, object]]:
+    """Each request's workers, in order, and how it ended: a load case's `load_accounted`."""
+    rows = []
+    for n, (inflight, _) in enumerate(steady.sent):
+        workers = served.get(str(inflight.request.request_id), [])
+        response = inflight.response
+        rows.append(
+            {
+                "n": n,
+                "worker": workers[0] if workers else None,
+                "workers": workers,
+                "cut": len(workers) > 1,
+                "stream": inflight.request.stream,
+                "status": response.status,
+                "failed": response.error is not None or response.exception is not None,
+            }
+        )
+    return rows
