@@ -4,7 +4,7 @@ requests this test gives."""
 from types import SimpleNamespace
 
 from handoff.metrics import MigrationCounts
-from handoff.responses.rolling import maybe_queued, move_problems
+from handoff.responses.rolling import maybe_queued, maybe_rerouted, move_problems
 
 
 def counts(ongoing=0, new=0, succeeded=0, failed=0) -> MigrationCounts:
@@ -12,19 +12,25 @@ def counts(ongoing=0, new=0, succeeded=0, failed=0) -> MigrationCounts:
 
 
 def test_one_move_each_of_either_kind_within_the_queued_ones_passes():
-    assert move_problems(counts(ongoing=7, new=2, succeeded=9), handovers=9, queued=2) == []
+    assert move_problems(counts(7, 2, 9), handovers=9, queued=2, rerouted=0) == []
+
+
+def test_a_request_rerouted_from_a_drained_worker_may_add_one_new_request():
+    assert move_problems(counts(9, 1, 10), handovers=9, queued=0, rerouted=1) == []
+    said = move_problems(counts(9, 2, 11), handovers=9, queued=0, rerouted=1)
+    assert said[0].startswith("the frontend counted 11 moves")
 
 
 def test_a_move_too_many_or_too_few_fails():
-    said = move_problems(counts(ongoing=9, new=1, succeeded=10), handovers=9, queued=3)
-    assert said[0].startswith("the frontend counted 10 moves") and len(said) == 2
-    assert move_problems(counts(ongoing=8, succeeded=8), handovers=9, queued=0)[0].endswith(
-        "show 9 hand-overs"
+    said = move_problems(counts(10, 0, 10), handovers=9, queued=3, rerouted=0)
+    assert said[0].startswith("the frontend counted 10 moves")
+    assert move_problems(counts(8, 0, 8), handovers=9, queued=0, rerouted=4)[0].startswith(
+        "the frontend counted 8 moves"
     )
 
 
 def test_a_started_stream_counted_new_fails():
-    said = move_problems(counts(ongoing=7, new=2, succeeded=9), handovers=9, queued=1)
+    said = move_problems(counts(7, 2, 9), handovers=9, queued=1, rerouted=0)
     assert said == [
         "migration counter new_request = 2, but only 1 hand-over(s) were of a request that "
         "had streamed nothing when its worker drained"
@@ -32,16 +38,18 @@ def test_a_started_stream_counted_new_fails():
 
 
 def test_a_failed_move_fails():
-    assert move_problems(counts(ongoing=3, succeeded=2, failed=1), handovers=3, queued=0) == [
+    assert move_problems(counts(3, 0, 2, 1), handovers=3, queued=0, rerouted=0) == [
         "migration counter succeeded = 2, expected 3",
         "migration counter failed = 1, expected 0",
     ]
 
 
-def sent(stream: bool, token_at: list[float], request_id: str):
+def sent(stream: bool, token_at: list[float], request_id: str, sent_at: float = 0.0):
     chunks = [SimpleNamespace(at=t, text="t1") for t in token_at]
     request = SimpleNamespace(stream=stream, request_id=request_id)
-    return SimpleNamespace(request=request, response=SimpleNamespace(chunks=chunks)), None
+    inflight = SimpleNamespace(request=request, response=SimpleNamespace(chunks=chunks))
+    inflight.sent_at = sent_at
+    return inflight, None
 
 
 def test_a_hand_over_may_be_queued_for_unary_requests_and_streams_with_nothing_yet():
@@ -61,3 +69,18 @@ def test_a_hand_over_may_be_queued_for_unary_requests_and_streams_with_nothing_y
         "stayed": ["w2"],
     }
     assert maybe_queued(steady, served) == 2
+
+
+def test_a_request_sent_while_a_drained_worker_was_listed_may_be_rerouted():
+    steady = SimpleNamespace(
+        sent=[
+            sent(True, [], "before", sent_at=2.0),  # before w0's drain
+            sent(True, [], "during", sent_at=3.5),  # while w0 drained and still listed
+            sent(True, [], "taken", sent_at=3.6),  # during, but w0's log names it
+            sent(True, [], "after", sent_at=6.0),  # once w0 was dropped
+        ],
+        drained_at={"w0": 3.0},
+        unlisted_at={"w0": 4.0},
+    )
+    served = {"before": ["w1"], "during": ["w1"], "taken": ["w0", "w1"], "after": ["w1"]}
+    assert maybe_rerouted(steady, served) == 1

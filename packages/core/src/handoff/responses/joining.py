@@ -30,7 +30,7 @@ from handoff.history import History
 from handoff.machine import registrations
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import stop_trees
-from handoff.responses import recovery
+from handoff.responses import recovery, waits
 from handoff.verdict import completion_problems
 
 #: How often the watch reads the frontend's listing until it lists the joiner (each reading is
@@ -53,8 +53,12 @@ class Joiner:
         probe: Request | None,
         load_open: Callable[[], bool],
         gone: Collection[str],
+        deadline: Deadline,
     ) -> None:
         self.deployment = deployment
+        #: The case's: a probe routed to a busy worker waits in its queue, as the case's own
+        #: requests do (on vLLM's CPU engine, behind whole responses).
+        self.deadline = deadline
         #: The workers the case takes away: no probe goes out while the frontend lists one.
         self.gone = set(gone)
         self.worker: Worker = deployment.pool.add_worker(role)
@@ -118,7 +122,8 @@ class Joiner:
         if sum(not p.finished for p in self.probes) < PROBES_OPEN:
             probe = replace(recovery.short(self.probe_of), request_id=str(uuid.uuid4()))
             url = self.deployment.base_url
-            self.probes.append(InFlight(url, probe, recovery.REJOIN_BOUND_S))
+            read_s = self.deadline.remaining() + waits.CLIENT_GRACE_S
+            self.probes.append(InFlight(url, probe, read_s))
         took = recovery.received_ids(self.worker)
         self.taken = next(
             ((p, time.monotonic()) for p in self.probes if p.request.request_id in took), None
@@ -167,14 +172,14 @@ class Joiner:
         ), [late]  # fmt: skip
 
     def probes_ended(self) -> list[str]:
-        """Every probe ends within REJOIN_BOUND_S of now, complete; the problems of any other."""
+        """Every probe ends within the case's deadline, complete; the problems of any other."""
 
         def probe() -> tuple[bool | None, str]:
             still = sum(not p.finished for p in self.probes)
             return (None if still else True), f"{still} probe(s) open"
 
         try:
-            poll_until(probe, Deadline(recovery.REJOIN_BOUND_S), "every probe of the joiner")
+            poll_until(probe, self.deadline, "every probe of the joiner")
         except Timeout as exc:
             return [f"a probe sent while {self.worker.name} joined hung: {exc}"]
         return [
@@ -213,10 +218,11 @@ def joined(
     probe: Request | None,
     load_open: Callable[[], bool],
     gone: Collection[str],
+    deadline: Deadline,
 ) -> Iterator[Joiner]:
     """A `Joiner` of `role`, retired on the way out however the case ends: what that stop finds
     on a case that failed first goes in the history."""
-    joiner = Joiner(deployment, role, history, probe, load_open, gone)
+    joiner = Joiner(deployment, role, history, probe, load_open, gone, deadline)
     try:
         yield joiner
     finally:

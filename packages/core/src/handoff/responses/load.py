@@ -98,7 +98,9 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     with ExitStack() as stack:
         joiner = (
             stack.enter_context(
-                joining.joined(deployment, victim.role, history, *loaded.probe(), [victim.name])
+                joining.joined(
+                    deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
+                )
             )
             if topology(case.topology).join
             else None
