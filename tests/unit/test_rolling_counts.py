@@ -21,6 +21,13 @@ def test_a_request_rerouted_from_a_drained_worker_may_add_one_new_request():
     assert said[0].startswith("the frontend counted 11 moves")
 
 
+def test_the_reroute_allowance_never_covers_an_ongoing_move_too_many():
+    """A move counted twice (or a stream moved back and forth) reads as one ongoing_request more
+    than the logs' hand-overs: the allowance is for new_request only."""
+    said = move_problems(counts(10, 0, 10), handovers=9, queued=0, rerouted=1)
+    assert said[0].startswith("the frontend counted 10 moves (ongoing_request 10, new_request 0)")
+
+
 def test_a_move_too_many_or_too_few_fails():
     said = move_problems(counts(10, 0, 10), handovers=9, queued=3, rerouted=0)
     assert said[0].startswith("the frontend counted 10 moves")

@@ -70,8 +70,13 @@ class Timing:
 #:   tokens last 3.7 s, past the graceful bound, and past a SIGKILL that the transfer's proof
 #:   made late: at full speed a loaded machine (-n 6 on 2 cores) killed the worker after it
 #:   had decoded its last token. Both cases then share a pool.
-#: - load: 900 tokens whatever the fault: its eight requests must all be placed, and the
-#:   queued one must still wait, when the fault lands.
+#: - load: 900 tokens, and 1,500 for a kill or a drain: its eight requests must all be placed,
+#:   and the queued one must still wait, when the fault lands. With 62 cases at once on two
+#:   cores, placing them took 3 s and a drain's SIGKILL came 3 s later, after 900 tokens had
+#:   ended. A stall or a cut keeps 900: its stream timeout is sized from that length.
+#: - join: 2,400 tokens: its kill's probes wait until the frontend drops the killed worker,
+#:   whose discovery lease lingers 10 s (docs/known-issues.md), while the load is still open.
+#: - rolling: 900 tokens: its client keeps sending new requests the whole roll.
 #: - prefill: the fault lands during the prefill worker's transfer (1 s, or 3.2 s so that the
 #:   graceful bound passes while it still holds the request), before the first token.
 #: - guided, choices, abandoned: the aggregate's timing of the worker fault that comes first
@@ -110,10 +115,12 @@ TIMINGS = {
         for fault in topology(name).allowed()["fault"]
     },
     **{
-        (name, fault): Timing(32, 900)
-        for name in ("load", "decode_load", "join", "rolling")
+        (name, fault): Timing(32, 1500 if fault in KILLS else 900)
+        for name in ("load", "decode_load")
         for fault in topology(name).allowed()["fault"]
     },
+    **{("join", fault): Timing(32, 2400) for fault in KILLS},
+    ("rolling", "graceful_shutdown"): Timing(32, 900),
     **{
         (name, fault): ONE_REQUEST_SLOW_PREFILL[fault]
         for name in ("guided", "choices")

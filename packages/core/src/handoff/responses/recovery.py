@@ -321,7 +321,7 @@ def served_problems(
     own: complete, at its full length, with no error frame (`verdict.completion_problems`), its
     text the reference's where there is one (`continuity.check`), and served by the worker
     alone: a request it failed that the frontend moved elsewhere completes too, but the
-    frontend counts the move (`moves`, where known) and the other worker's log names it."""
+    frontend counts the move (`moves`, where known) and another worker of its role logs it."""
     backend = deployment.backend
     problems = completion_problems(response, REJOIN_TOKENS)
     if not problems:
@@ -341,7 +341,8 @@ def served_problems(
             f"{holder.name} did not serve it to the end"
         )
     rid = str(probe.request_id)
-    others = [w for w in received(deployment.serving, {rid}).get(rid, []) if w != holder.name]
+    peers = [w for w in deployment.serving if w.role == holder.role]  # a prefill worker's too
+    others = [w for w in received(peers, {rid}).get(rid, []) if w != holder.name]
     if others and not problems:
         problems.append(
             f"it completed, but {', '.join(others)} received it too: {holder.name} did not "

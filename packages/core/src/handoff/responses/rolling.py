@@ -37,10 +37,13 @@ from handoff.responses import evidence, joining, load, recovery, waits
 from handoff.verdict import Verdict
 
 DRAIN = "graceful_shutdown"
-#: Why a hand-over may count as `new_request`: Dynamo 1.6.1 counts the move of a request that
-#: streamed nothing before its worker left so, where a load case's kill counts it
-#: `ongoing_request` (docs/known-issues.md).
-QUEUED_AS_NEW = "a request that had streamed nothing when its worker was drained"
+#: Why a move may count as `new_request`: Dynamo 1.6.1 may count so the move of a request that
+#: had streamed nothing when its worker was drained, or of one routed to a drained worker still
+#: listed (docs/known-issues.md).
+QUEUED_AS_NEW = (
+    "a request that had streamed nothing when its worker was drained, or was routed to a "
+    "drained worker still listed"
+)
 
 
 @dataclass
@@ -84,6 +87,7 @@ class SteadyLoad:
             request = Request(
                 self.case.api, n % 2 == 0, self.deployment.model_name, shape.prompt,
                 shape.max_tokens, str(uuid.uuid4()),
+                top_logprobs=self.deployment.backend.top_logprobs(self.case),
             )  # fmt: skip
             self.sent.append(
                 (InFlight(self.deployment.base_url, request, self.read_timeout_s), shape)
@@ -170,7 +174,9 @@ def roll(
             holding=len(held),
         )  # fmt: skip
         recovery.record_fault(deployment, worker, fault, history)
-        steady.unlisted_at[worker.name] = await_dropped(deployment, worker, deadline, history)
+        steady.unlisted_at[worker.name] = await_dropped(
+            deployment, worker, steady.drained_at[worker.name], deadline, history
+        )
         poll_until(
             lambda joiner=joiner: (joiner.listed_at, joiner.seen),
             deadline.within(settings.startup_timeout_s),
@@ -181,11 +187,11 @@ def roll(
 
 
 def await_dropped(
-    deployment: Deployment, worker: Worker, deadline: Deadline, history: History
+    deployment: Deployment, worker: Worker, began: float, deadline: Deadline, history: History
 ) -> float:
     """When the frontend no longer lists the drained `worker`: within `recovery.LEASE_BOUND_S`
-    of its drain, else the case fails. Until then a request may be routed to it and moved."""
-    began = time.monotonic()
+    of its drain (`began`, its SIGTERM), else the case fails. Until then a request may be
+    routed to it and moved."""
 
     def probe() -> tuple[float | None, str]:
         try:
@@ -195,10 +201,9 @@ def await_dropped(
         gone = worker.name in deployment.unlisted_in(listed)
         return (time.monotonic() if gone else None), f"{worker.name} listed"
 
+    left_s = began + recovery.LEASE_BOUND_S - time.monotonic()
     at = poll_until(
-        probe,
-        deadline.within(recovery.LEASE_BOUND_S),
-        f"the frontend to drop {worker.name}, drained",
+        probe, deadline.within(max(left_s, 0.0)), f"the frontend to drop {worker.name}, drained"
     )
     history.record("worker_unlisted", worker=worker.name, seconds=round(at - began, 3))
     return at
@@ -207,9 +212,9 @@ def await_dropped(
 def await_taken(joiners: list[joining.Joiner], steady: SteadyLoad, deadline: Deadline) -> None:
     """Keep the load on until every replacement's log names a request of it (the last one is
     listed as the roll ends), or the deadline; one that took none is judged later."""
-    ids = {str(i.request.request_id) for i, _ in steady.sent}
 
     def probe() -> tuple[bool | None, str]:
+        ids = {str(i.request.request_id) for i, _ in list(steady.sent)}
         waiting = [j.worker.name for j in joiners if not received([j.worker], ids)]
         return (None if waiting else True), f"{waiting} took no request yet"
 
@@ -277,30 +282,11 @@ def judge_rolling(
 ) -> Verdict:
     """Each request with the evidence every request gets, cut where the logs show it handed
     over; and the frontend's moves against the hand-overs, none failed."""
-    backend = deployment.backend
-    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, DRAIN)
     ids = {str(i.request.request_id) for i, _ in steady.sent}
     served = received(deployment.serving, ids)
-    problems: list[str] = []
-    notes: dict[str, list[int]] = {}
-    handovers = 0
-    for n, (inflight, shape) in enumerate(steady.sent):
-        request, workers = inflight.request, served.get(str(inflight.request.request_id), [])
-        handovers += max(len(workers) - 1, 0)
-        kind = "stream" if request.stream else "unary"
-        by = ", ".join(workers) or "no worker"
-        label = f"request {n} ({kind}, id {request.request_id}, served by {by})"
-        baseline = replace(request, request_id=None)
-        text = waits.reference_text(deployment, case.api, shape, baseline, deadline, history)
-        found = evidence.judged(
-            request, inflight.response, evidence.owing(backend, request, shape, text), outcome,
-            case.policy, len(workers) > 1, backend, lambda: None,
-        )  # fmt: skip
-        problems += [f"{label}: {p}" for p in found.problems] + (
-            [f"{label}: no worker's log names it"] if not workers else []
-        )
-        for note in found.notes:
-            notes.setdefault(note, []).append(n)
+    problems, notes, handovers = judged_requests(
+        deployment, case, steady, served, deadline, history
+    )
     queued, rerouted = maybe_queued(steady, served), maybe_rerouted(steady, served)
     counts = waits.settled(
         deployment.base_url + "/metrics", deployment.model_name, before,
@@ -318,11 +304,62 @@ def judge_rolling(
         passed=not problems,
         reasons=problems,
         phase="verdict",
+        unproven=idle_drains(steady, served),
         notes=[
             f"requests {', '.join(map(str, ns))}: {note}" if ns else note
             for note, ns in notes.items()
         ],
     )
+
+
+def judged_requests(
+    deployment: Deployment,
+    case: Case,
+    steady: SteadyLoad,
+    served: dict[str, list[str]],
+    deadline: Deadline,
+    history: History,
+) -> tuple[list[str], dict[str, list[int]], int]:
+    """Each request with the evidence every request gets (but the re-issued context, which a
+    request moved by several drains has no one fault for: its text against the reference
+    judges that where the backend has one), cut where the logs show it handed over, and only
+    ever away from a drained worker; the problems, the notes by request, the hand-overs."""
+    backend = deployment.backend
+    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, DRAIN)
+    problems: list[str] = []
+    notes: dict[str, list[int]] = {}
+    handovers = 0
+    for n, (inflight, shape) in enumerate(steady.sent):
+        request, workers = inflight.request, served.get(str(inflight.request.request_id), [])
+        handovers += max(len(workers) - 1, 0)
+        kind = "stream" if request.stream else "unary"
+        label = f"request {n} ({kind}, id {request.request_id}, served by {', '.join(workers)})"
+        baseline = replace(request, request_id=None)
+        text = waits.reference_text(deployment, case.api, shape, baseline, deadline, history)
+        found = evidence.judged(
+            request, inflight.response, evidence.owing(backend, request, shape, text), outcome,
+            case.policy, len(workers) > 1, backend, lambda: None,
+        )  # fmt: skip
+        found.problems += ["no worker's log names it"] if not workers else []
+        found.problems += [
+            f"handed over from {left}, which was never drained"
+            for left in workers[:-1]
+            if left not in steady.drained_at
+        ]
+        problems += [f"{label}: {p}" for p in found.problems]
+        for note in found.notes:
+            notes.setdefault(note, []).append(n)
+    return problems, notes, handovers
+
+
+def idle_drains(steady: SteadyLoad, served: dict[str, list[str]]) -> list[str]:
+    """A drained worker no request was handed over from moved nothing: not proven."""
+    left = {w for workers in served.values() for w in workers[:-1]}
+    return [
+        f"no request was handed over from {name}: its drain moved nothing"
+        for name in steady.drained_at
+        if name not in left
+    ]
 
 
 def maybe_queued(steady: SteadyLoad, served: dict[str, list[str]]) -> int:
@@ -360,7 +397,7 @@ def move_problems(
     drained worker was still listed (`maybe_rerouted`); each move a success, none failed,
     none over the sequence cap."""
     problems = []
-    if not handovers <= counts.moves <= handovers + rerouted:
+    if not handovers <= counts.moves <= handovers + rerouted or counts.ongoing_request > handovers:
         problems.append(
             f"the frontend counted {counts.moves} moves (ongoing_request "
             f"{counts.ongoing_request}, new_request {counts.new_request}); the workers' logs "
