@@ -211,18 +211,9 @@ class Joiner:
 
 
 @contextmanager
-def joined(
-    deployment: Deployment,
-    role: str,
-    history: History,
-    probe: Request | None,
-    load_open: Callable[[], bool],
-    gone: Collection[str],
-    deadline: Deadline,
-) -> Iterator[Joiner]:
-    """A `Joiner` of `role`, retired on the way out however the case ends: what that stop finds
-    on a case that failed first goes in the history."""
-    joiner = Joiner(deployment, role, history, probe, load_open, gone, deadline)
+def retired(joiner: Joiner, history: History) -> Iterator[Joiner]:
+    """`joiner`, retired on the way out however the case ends: what that stop finds on a case
+    that failed first goes in the history."""
     try:
         yield joiner
     finally:

@@ -98,8 +98,11 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     with ExitStack() as stack:
         joiner = (
             stack.enter_context(
-                joining.joined(
-                    deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
+                joining.retired(
+                    joining.Joiner(
+                        deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
+                    ),
+                    history,
                 )
             )
             if topology(case.topology).join

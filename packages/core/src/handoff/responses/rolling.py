@@ -161,10 +161,10 @@ def roll(
             )
         # No probes: the steady load's new requests reach the replacement, and a probe could
         # meet the next drain and be moved beside the load's own hand-overs.
-        replacing = joining.joined(
+        replacing = joining.Joiner(
             deployment, role, history, None, steady.is_open, [worker.name], deadline
         )
-        joiner = replacements.enter_context(replacing)
+        joiner = replacements.enter_context(joining.retired(replacing, history))
         joiners.append(joiner)
         first_drain = first_drain or time.monotonic()
         steady.drained_at[worker.name] = time.monotonic()
