@@ -424,25 +424,34 @@ def await_unlisted(
             f"no instance id of {holder.name} is known: its leaving discovery cannot be proven"
         )
 
-    def probe() -> tuple[bool | None, str]:
-        try:
-            listed, _ = deployment.listing()
-        except (requests.RequestException, ValueError) as exc:
-            return None, silent(exc)
-        gone = holder.name in deployment.unlisted_in(listed)
-        return (True if gone else None), f"{holder.name} listed"
-
-    left_s = LEASE_BOUND_S - (time.monotonic() - stopped_at)
     try:
-        poll_until(probe, Deadline(max(left_s, 0.0)), f"the frontend to drop {holder.name}")
+        dropped_at(deployment, holder, stopped_at, Deadline(LEASE_BOUND_S), history)
     except Timeout as exc:
         raise CaseFailure(
             f"the stall did not outlive {holder.name}'s discovery lease: still listed "
             f"{LEASE_BOUND_S:g} s after SIGSTOP ({exc})"
         ) from None
-    history.record(
-        "worker_unlisted", worker=holder.name, seconds=round(time.monotonic() - stopped_at, 2)
-    )
+
+
+def dropped_at(
+    deployment: Deployment, worker: Worker, since: float, deadline: Deadline, history: History
+) -> float:
+    """When the frontend first lists no instance of `worker` (one of unknown instance ids is
+    never unlisted), within LEASE_BOUND_S of `since` and `deadline`, recorded as
+    `worker_unlisted`; Timeout past it."""
+
+    def probe() -> tuple[float | None, str]:
+        try:
+            listed, _ = deployment.listing()
+        except (requests.RequestException, ValueError) as exc:
+            return None, silent(exc)
+        gone = worker.name in deployment.unlisted_in(listed)
+        return (time.monotonic() if gone else None), f"{worker.name} listed"
+
+    left_s = since + LEASE_BOUND_S - time.monotonic()
+    at = poll_until(probe, deadline.within(max(left_s, 0.0)), f"the frontend to drop {worker.name}")
+    history.record("worker_unlisted", worker=worker.name, seconds=round(at - since, 3))
+    return at
 
 
 def retire(holder: Worker, deadline: Deadline) -> None:

@@ -20,13 +20,11 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-import requests
-
 from handoff import metrics
 from handoff.backend import Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
-from handoff.deployment import Deployment, silent
+from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.faults import HOLDER_TIMEOUT_S
 from handoff.history import History
@@ -174,7 +172,9 @@ def roll(
             holding=len(held),
         )  # fmt: skip
         recovery.record_fault(deployment, worker, fault, history)
-        steady.unlisted_at[worker.name] = await_dropped(
+        # Until the frontend drops it, a request may be routed to it and moved; past the
+        # lease bound of its SIGTERM the case fails.
+        steady.unlisted_at[worker.name] = recovery.dropped_at(
             deployment, worker, steady.drained_at[worker.name], deadline, history
         )
         poll_until(
@@ -184,29 +184,6 @@ def roll(
         )
     assert first_drain is not None, "a rolling topology has workers of its target role"
     return first_drain, unproven, joiners
-
-
-def await_dropped(
-    deployment: Deployment, worker: Worker, began: float, deadline: Deadline, history: History
-) -> float:
-    """When the frontend no longer lists the drained `worker`: within `recovery.LEASE_BOUND_S`
-    of its drain (`began`, its SIGTERM), else the case fails. Until then a request may be
-    routed to it and moved."""
-
-    def probe() -> tuple[float | None, str]:
-        try:
-            listed, _ = deployment.listing()
-        except (requests.RequestException, ValueError) as exc:
-            return None, silent(exc)
-        gone = worker.name in deployment.unlisted_in(listed)
-        return (time.monotonic() if gone else None), f"{worker.name} listed"
-
-    left_s = began + recovery.LEASE_BOUND_S - time.monotonic()
-    at = poll_until(
-        probe, deadline.within(max(left_s, 0.0)), f"the frontend to drop {worker.name}, drained"
-    )
-    history.record("worker_unlisted", worker=worker.name, seconds=round(at - began, 3))
-    return at
 
 
 def await_taken(joiners: list[joining.Joiner], steady: SteadyLoad, deadline: Deadline) -> None:
