@@ -3,8 +3,18 @@ requests this test gives."""
 
 from types import SimpleNamespace
 
+import pytest
+
+from handoff.backend import Shape
+from handoff.errors import HandoffError
 from handoff.metrics import MigrationCounts
-from handoff.responses.rolling import maybe_queued, maybe_rerouted, move_problems
+from handoff.responses.rolling import (
+    OUTLAST_MARGIN,
+    maybe_queued,
+    maybe_rerouted,
+    move_problems,
+    outlasting_window,
+)
 
 
 def counts(ongoing=0, new=0, succeeded=0, failed=0) -> MigrationCounts:
@@ -91,3 +101,25 @@ def test_a_request_sent_while_a_drained_worker_was_listed_may_be_rerouted():
     )
     served = {"before": ["w1"], "during": ["w1"], "taken": ["w0", "w1"], "after": ["w1"]}
     assert maybe_rerouted(steady, served) == 1
+
+
+def drained_deployment(nominal_s):
+    """A deployment whose backend says a response takes `nominal_s` (None: it cannot say)."""
+    backend = SimpleNamespace(
+        shape=lambda case, variant: Shape("t1 t2", 2, 900),
+        nominal_response_s=lambda case, shape: nominal_s,
+    )
+    return SimpleNamespace(backend=backend)
+
+
+def test_a_drain_waits_for_a_request_young_enough_to_outlast_it_even_on_a_faster_engine():
+    """A 6 s response, were the engine 1.5x faster, takes 4 s: sent within 2 s, it still runs
+    past a 2 s graceful bound."""
+    window = outlasting_window(drained_deployment(6.0), None, 900, graceful_bound_s=2.0)
+    assert window == pytest.approx(6.0 / OUTLAST_MARGIN - 2.0)
+    assert outlasting_window(drained_deployment(None), None, 900, 2.0) is None
+
+
+def test_responses_too_short_to_outlast_the_drain_are_refused_in_one_line():
+    with pytest.raises(HandoffError, match="raise the backend's rolling max_tokens"):
+        outlasting_window(drained_deployment(2.5), None, 900, graceful_bound_s=2.0)

@@ -15,6 +15,7 @@ from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
+from handoff.machine import start_gate
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     Policy,
@@ -135,9 +136,11 @@ def deploy_and_exercise(
         backend, case, folder, frontend_policy or policy(case.policy), roles, pool, env
     )
     draws_before = deployment.pool.draws
-    deployment.start(deadline.within(settings.startup_timeout_s))
+    with start_gate.start_slot(deadline) as waited:
+        deployment.start(deadline.within(settings.startup_timeout_s))
     history.record(
         "ready",
+        start_slot_wait_s=round(waited, 3),
         pool=pool.name if pool else "fresh",
         cases_before=draws_before,
         workers=[w.name for w in deployment.workers],

@@ -1,7 +1,8 @@
 """A rolling restart under a steady load (the `rolling` topology), as an orchestrator rolls a
-deployment: each worker of the target role in turn, once it holds a request, is drained
-(SIGTERM, then SIGKILL after the graceful bound) while its replacement starts
-(`joining.Joiner`), and the next is drained only once the frontend lists that replacement.
+deployment: each worker of the target role in turn, once it holds a request young enough to
+outlast the drain (`outlasting_window`), is drained (SIGTERM, then SIGKILL after the graceful
+bound) while its replacement starts (`joining.Joiner`), and the next is drained only once the
+frontend lists that replacement.
 Meanwhile a client keeps the backend's `load_requests` requests in flight, sending a new one,
 with a prompt of its own, as each ends.
 
@@ -9,7 +10,7 @@ Every request is then accounted for: it completes, its text the reference's wher
 has one; the moves the frontend counted equal the hand-overs the workers' logs show (a request
 received by k workers was handed over k - 1 times), and none failed; every replacement takes a
 request of its own and serves it; every gauge falls to 0. A drained worker that held no request
-when its turn came proved nothing: not proven."""
+(young enough) when its turn came proved nothing: not proven."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from handoff.backend import Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, HandoffError
 from handoff.faults import HOLDER_TIMEOUT_S
 from handoff.history import History
 from handoff.machine.worker_logs import received
@@ -35,6 +36,9 @@ from handoff.responses import evidence, joining, load, recovery, waits
 from handoff.verdict import Verdict
 
 DRAIN = "graceful_shutdown"
+#: How much faster than its own speeds an engine may run before a request sent within
+#: `outlasting_window` could end inside its drain.
+OUTLAST_MARGIN = 1.5
 #: Why a move may count as `new_request`: Dynamo 1.6.1 may count so the move of a request that
 #: had streamed nothing when its worker was drained, or of one routed to a drained worker still
 #: listed (docs/known-issues.md).
@@ -141,7 +145,7 @@ def exercise_rolling(run: waits.CaseRun) -> Verdict:
 def roll(
     run: waits.CaseRun, steady: SteadyLoad, replacements: ExitStack
 ) -> tuple[float, list[str], list[joining.Joiner]]:
-    """Each worker of the target role in turn: once it holds a request, drain it while its
+    """Each worker of the target role in turn: once it holds a young request, drain it while its
     replacement starts, then wait until the frontend lists the replacement. When the first
     drain began, what was not proven, and the replacements."""
     deployment, case, settings, deadline, history = run.parts
@@ -150,12 +154,14 @@ def roll(
     unproven: list[str] = []
     joiners: list[joining.Joiner] = []
     first_drain = None
+    fresh_s = outlasting_window(deployment, case, steady.max_tokens, settings.graceful_bound_s)
     for worker in targets:
-        held = holding(worker, steady, deadline)
+        held = holding(worker, steady, fresh_s, deadline)
         if not held:
+            sent = "" if fresh_s is None else f" sent within {fresh_s:.1f} s"
             unproven.append(
-                f"{worker.name} held no request when its turn came ({HOLDER_TIMEOUT_S:g} s): "
-                f"its drain moved nothing"
+                f"{worker.name} held no request{sent} when its turn came "
+                f"({HOLDER_TIMEOUT_S:g} s): its drain could move nothing"
             )
         # No probes: the steady load's new requests reach the replacement, and a probe could
         # meet the next drain and be moved beside the load's own hand-overs.
@@ -199,14 +205,41 @@ def await_taken(joiners: list[joining.Joiner], steady: SteadyLoad, deadline: Dea
         poll_until(probe, deadline, "every replacement to take a request of the load")
 
 
-def holding(worker: Worker, steady: SteadyLoad, deadline: Deadline) -> list[InFlight]:
-    """The open requests `worker`'s log names as received, once it names one; none if it
-    names none within HOLDER_TIMEOUT_S."""
+def outlasting_window(
+    deployment: Deployment, case: Case, max_tokens: int, graceful_bound_s: float
+) -> float | None:
+    """How recently a request must have been sent for a drain to move it: one that old, were
+    the engine `OUTLAST_MARGIN` times faster than its own speeds make it
+    (`Backend.nominal_response_s`), still runs past the graceful bound. A request near its end
+    finishes inside the drain and moves nothing. None where the backend does not know its
+    speeds: any request held will do."""
+    shape = replace(deployment.backend.shape(case, 0), max_tokens=max_tokens)
+    nominal = deployment.backend.nominal_response_s(case, shape)
+    if nominal is None:
+        return None
+    window = nominal / OUTLAST_MARGIN - graceful_bound_s
+    if window <= 0:
+        raise HandoffError(
+            f"a rolling case's response of {max_tokens} tokens takes {nominal:.1f} s, too short "
+            f"to outlast the graceful bound of {graceful_bound_s:g} s by {OUTLAST_MARGIN:g}x: "
+            f"raise the backend's rolling max_tokens"
+        )
+    return window
+
+
+def holding(
+    worker: Worker, steady: SteadyLoad, fresh_s: float | None, deadline: Deadline
+) -> list[InFlight]:
+    """The open requests `worker`'s log names as received, once one of them was sent within
+    `fresh_s` (any, where None); none if that does not come within HOLDER_TIMEOUT_S."""
 
     def probe() -> tuple[list[InFlight] | None, str]:
         mine = received([worker], steady.open_ids())
         held = [i for i, _ in steady.sent if str(i.request.request_id) in mine]
-        return (held or None), f"{len(steady.open_ids())} requests open, none on {worker.name}"
+        now = time.monotonic()
+        fresh = [i for i in held if fresh_s is None or now - i.sent_at <= fresh_s]
+        seen = f"{len(steady.open_ids())} requests open, {len(held)} on {worker.name}"
+        return (held if fresh else None), f"{seen}, {len(fresh)} of them sent within {fresh_s} s"
 
     try:
         return poll_until(probe, deadline.within(HOLDER_TIMEOUT_S), f"{worker.name} to hold one")

@@ -1,0 +1,58 @@
+"""At most as many deployments start at once on this machine as it has CPU slots.
+
+A deployment's start is nearly all CPU (a frontend and each worker import their engine), while
+the rest of a case mostly waits, which is why cases run many at once. When a dozen start
+together, the cases already in their fault window lose their CPU for seconds: long enough for a
+short response to end before its fault lands, or for the client to fall behind the stream. A
+start takes a slot first: an exclusive flock on one of N files in the folder every run on the
+machine shares (`ports.lease_dir`), which the kernel drops when its holder ends, however it
+ends, so a killed run leaves no slot held.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from handoff.machine.ports import lease_dir
+from handoff.polling import Deadline, poll_until
+from handoff.sharing.cpus import cpu_slots
+
+
+def slots() -> int:
+    """How many starts may run at once: one a CPU slot (HANDOFF_CPU_SLOTS, set on purpose,
+    sets the cases that run at once, not the CPUs, and leaves starts ungated)."""
+    found = cpu_slots()
+    return 0 if found.chosen else found.count
+
+
+def _take(count: int) -> tuple[int | None, str]:
+    folder = lease_dir()
+    for n in range(count):
+        fd = os.open(folder / f"start-{n}.lock", os.O_CREAT | os.O_RDONLY, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return fd, ""
+    return None, f"all {count} start slot(s) held by other cases' starts"
+
+
+@contextmanager
+def start_slot(deadline: Deadline, count: int | None = None) -> Iterator[float]:
+    """Hold one of `count` (default `slots()`) start slots for the block; yields how long the
+    wait for it took, in seconds. With no slots, nothing is gated."""
+    count = slots() if count is None else count
+    if count <= 0:
+        yield 0.0
+        return
+    began = time.monotonic()
+    fd = poll_until(lambda: _take(count), deadline, "a start slot on this machine")
+    try:
+        yield time.monotonic() - began
+    finally:
+        os.close(fd)
