@@ -90,6 +90,7 @@ PUBLISHED_PRE_MERGE = {
     "rolling": ["chat-nats", "completion-tcp"],
     "guided": ["migration_enabled-worker_failure-chat-stream-nats"],
     "choices": [],
+    "usage": [],
     "abandoned": [
         "client_close-chat-nats",
         "close_after_move-completion-tcp",

@@ -35,7 +35,7 @@ def test_a_start_past_the_slots_waits_and_says_what_it_awaited(folder):
 
 def test_a_slot_held_by_a_process_that_died_is_free_again(folder):
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(folder / "start-0.lock")],
+        [sys.executable, "-c", HOLD, str(folder / "start-0.slot")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

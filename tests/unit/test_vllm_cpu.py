@@ -108,6 +108,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "engine_core": aggregate,
         "join": aggregate,
         "rolling": aggregate,
+        "usage": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

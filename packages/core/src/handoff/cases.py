@@ -180,7 +180,8 @@ class Topology:
     #: Many requests at once (the backend's `load_requests`), the fault on the worker that
     #: holds the most of them (handoff.load).
     load: bool = False
-    #: What the request asks for besides its text: "plain" (nothing), or one of `MAY_NOT_MOVE`.
+    #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
+    #: or "usage" (a plain request whose usage after the move is judged too).
     request: str = "plain"
     #: The silent worker runs again the instant the frontend counts the move, and the lifecycle
     #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
@@ -344,6 +345,34 @@ GUIDED = Topology(
     # The one row where the frontend would move any other request.
     pre_merge_promise=Promise(values_of=(("policy", ("migration_enabled",)),)),
     request="guided",
+)
+
+#: What the user is told of its request after a move (`usage`): `usage.prompt_tokens` the
+#: prompt it sent, as an undisturbed request's, not the context the frontend re-issued
+#: (`evidence.usage_problems`). Nightly only: Dynamo 1.6.1 reports the re-issued context, a
+#: failure no merge of a deployment can change (docs/known-issues.md).
+USAGE = Topology(
+    name="usage",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "what a moved request is told needs a move: the other policies' responses are "
+            "qualified by the aggregate cases",
+        ),
+        Restriction(
+            "fault",
+            KILLS,
+            "any fault that moves the request re-issues its context the same way: a kill and "
+            "a drain move it soonest",
+        ),
+    ),
+    omitted_from_id=("policy",),
+    pre_merge_ids=(),
+    pre_merge_promise=Promise(),
+    request="usage",
 )
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
@@ -571,6 +600,7 @@ TOPOLOGIES: dict[str, Topology] = {
         replace(
             GUIDED, name="choices", request="choices", pre_merge_ids=(), pre_merge_promise=Promise()
         ),
+        USAGE,
         ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.

@@ -123,7 +123,7 @@ TIMINGS = {
     ("rolling", "graceful_shutdown"): Timing(32, 900),
     **{
         (name, fault): ONE_REQUEST_SLOW_PREFILL[fault]
-        for name in ("guided", "choices")
+        for name in ("guided", "choices", "usage")
         for fault in KILLS
     },
     **{
@@ -157,6 +157,7 @@ class MockerBackend(Backend):
         "prefill": ("prefill", "prefill", "decode"),
         "guided": ("aggregate", "aggregate"),
         "choices": ("aggregate", "aggregate"),
+        "usage": ("aggregate", "aggregate"),
         "abandoned": ("aggregate", "aggregate"),
         "load": ("aggregate", "aggregate", "aggregate"),
         "decode_load": ("prefill", "decode", "decode", "decode"),

@@ -146,7 +146,7 @@ class VllmBackend(DynamoGpuBackend):
         return {
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
-            "rolling": cpu.LOAD_ROLES,
+            "rolling": cpu.LOAD_ROLES, "usage": aggregate,
         }  # fmt: skip
 
     @property

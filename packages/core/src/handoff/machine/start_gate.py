@@ -4,9 +4,10 @@ A deployment's start is nearly all CPU (a frontend and each worker import their 
 the rest of a case mostly waits, which is why cases run many at once. When a dozen start
 together, the cases already in their fault window lose their CPU for seconds: long enough for a
 short response to end before its fault lands, or for the client to fall behind the stream. A
-start takes a slot first: an exclusive flock on one of N files in the folder every run on the
-machine shares (`ports.lease_dir`), which the kernel drops when its holder ends, however it
-ends, so a killed run leaves no slot held.
+start takes a slot first: an exclusive flock on one of N files (`start-<n>.slot`, apart from
+the ports' `<port>.lock`) in the folder every run on the machine shares (`ports.lease_dir`),
+which the kernel drops when its holder ends, however it ends, so a killed run leaves no slot
+held.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def slots() -> int:
 def _take(count: int) -> tuple[int | None, str]:
     folder = lease_dir()
     for n in range(count):
-        fd = os.open(folder / f"start-{n}.lock", os.O_CREAT | os.O_RDONLY, 0o666)
+        fd = os.open(folder / f"start-{n}.slot", os.O_CREAT | os.O_RDONLY, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -324,6 +324,10 @@ def judged(
         )
     found = [*sent.evidence, *kept.problems]
     found += late_counts(metrics_url, model, before.counts, counts, expected, mode, history)
+    if where.request == "usage":
+        told, unseen = evidence.usage_problems(response, int(prompt), counts.moves > 0)
+        found += told
+        kept.unproven += [unseen] if unseen else []
     verdict = judge(
         expected, case.policy, response, counts, fault, planned.shape.max_tokens, mode, found,
         kept.unproven,

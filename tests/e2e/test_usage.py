@@ -1,0 +1,39 @@
+"""What a moved request is told of its prompt, on Dynamo's frontend and mocker workers: 1.6.1
+tells it the re-issued context (the prompt and the tokens carried), and the usage case fails
+for that reason and no other; the same check passes a response told its own prompt."""
+
+from handoff import runner
+from handoff.cases import Case
+from handoff.client import Chunk, Response
+from handoff.responses.evidence import usage_problems
+from handoff.runner import Settings
+from handoff_mocker import MockerBackend
+
+MOVED = Case.from_id("worker_failure-completion-stream-tcp", "usage")
+
+
+def test_a_moved_request_is_told_of_prompt_tokens_it_never_sent(tmp_path):
+    result = runner.run_case(MockerBackend(), MOVED, tmp_path, Settings(), 90)
+    assert not result.verdict.passed and not result.verdict.unproven, result.verdict
+    (reason,) = result.verdict.reasons
+    prompt = next(e for e in result.history.events if e.name == "takeover_seen")
+    told = int(reason.split()[2])
+    carried = told - prompt.data["prompt_tokens"]
+    assert carried > 0, reason
+    assert reason == (
+        f"usage.prompt_tokens is {told} after the move, but the user's prompt is "
+        f"{prompt.data['prompt_tokens']} tokens (as the frontend counted it on arrival): the "
+        f"user is told of {carried} more, the re-issued context's"
+    )
+
+
+def told(prompt_tokens: int) -> Response:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 900}
+    return Response(chunks=[Chunk(0.0, {"id": "cmpl-1", "choices": [], "usage": usage})])
+
+
+def test_a_response_told_its_own_prompt_passes_and_one_never_moved_is_not_proven():
+    assert usage_problems(told(32), 32, moved=True) == ([], "")
+    assert usage_problems(told(46), 32, moved=True)[0]
+    problems, unseen = usage_problems(told(32), 32, moved=False)
+    assert problems == [] and "no move" in unseen
