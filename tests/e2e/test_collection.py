@@ -62,7 +62,9 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
         (("--handoff-topology", "decode"), 14),
         (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
         (("--handoff-selection", "nightly"), None),  # the generated count, made in the test
-        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 64 + 64 + 12 + 96 + 96 + 32 + 4),
+        # aggregate, decode, kv_transfer, prefill, guided, choices, usage, abandoned, load,
+        # decode_load, join, rolling.
+        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 64 + 64 + 16 + 12 + 96 + 96 + 36),
         (("--handoff-selection", "full", "--handoff-topology", "aggregate"), 200),
     ],
 )
