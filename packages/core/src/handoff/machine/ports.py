@@ -56,6 +56,20 @@ def lease_dir() -> Path:
     return folder
 
 
+def try_lock(path: Path) -> int | None:
+    """An exclusive flock on `path` (made if missing), held by the descriptor returned until it
+    is closed, or its process ends; None where another holds it. Read-only is enough to lock,
+    and opens a lock file that root made (a container run shares the folder) for a host user
+    too."""
+    fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def bindable(port: int) -> bool:
     """True when a server could listen on 127.0.0.1:port right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -99,13 +113,7 @@ class PortLeases:
             port = self.port_range[(start + i) % len(self.port_range)]
             if port in self._held:
                 continue
-            # Read-only is enough to lock, and opens a lock file that root made (a container
-            # run shares this folder) for a host user too.
-            fd = os.open(folder / f"{port}.lock", os.O_CREAT | os.O_RDONLY, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+            if (fd := try_lock(folder / f"{port}.lock")) is None:
                 continue
             if bindable(port):
                 self._held[port] = fd

@@ -12,13 +12,12 @@ held.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from handoff.machine.ports import lease_dir
+from handoff.machine.ports import lease_dir, try_lock
 from handoff.polling import Deadline, poll_until
 from handoff.sharing.cpus import cpu_slots
 
@@ -33,13 +32,8 @@ def slots() -> int:
 def _take(count: int) -> tuple[int | None, str]:
     folder = lease_dir()
     for n in range(count):
-        fd = os.open(folder / f"start-{n}.slot", os.O_CREAT | os.O_RDONLY, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return fd, ""
+        if (fd := try_lock(folder / f"start-{n}.slot")) is not None:
+            return fd, ""
     return None, f"all {count} start slot(s) held by other cases' starts"
 
 
