@@ -7,7 +7,9 @@ short response to end before its fault lands, or for the client to fall behind t
 start takes a slot first: an exclusive flock on one of N files (`start-<n>.slot`, apart from
 the ports' `<port>.lock`) in the folder every run on the machine shares (`ports.lease_dir`),
 which the kernel drops when its holder ends, however it ends, so a killed run leaves no slot
-held.
+held. The wait comes out of the case's deadline. Not gated: the workers a case starts mid-case
+(a joiner, a rolling replacement: part of its fault) and a pool's spares, started in the
+background; slots are not handed out in the order asked.
 """
 
 from __future__ import annotations

@@ -119,21 +119,21 @@ def logprob_problems(
     return [departure] if departure else []
 
 
-def usage_problems(response: Response, prompt_tokens: int, moved: bool) -> tuple[list[str], str]:
-    """What the user is told of its prompt after a move against the prompt it sent, as the
-    frontend counted it on arrival (`prompt_tokens`): an undisturbed request is told exactly
-    that, and a move must be invisible to the client (Dynamo's request-migration page). The
-    problems, and why the check could not be made (no move, nothing to judge), else ""."""
+def usage_problems(response: Response, undisturbed: int, moved: bool) -> tuple[list[str], str]:
+    """What the user is told of its prompt after a move against what an undisturbed request of
+    the same prompt is told (`undisturbed`): a move must be invisible to the client (Dynamo's
+    request-migration page). The problems, and why the check could not be made (no move of a
+    request that had streamed tokens, nothing to judge), else ""."""
     if not moved:
-        return [], "the frontend counted no move: what a moved request is told was not seen"
+        return [], "the frontend counted no move of a decoding request: nothing carried to tell"
     told = (response.usage or {}).get("prompt_tokens")
     if told is None:
         return ["the response has no usage.prompt_tokens: what the user is told is unknown"], ""
-    if told != prompt_tokens:
+    if told != undisturbed:
         return [
-            f"usage.prompt_tokens is {told} after the move, but the user's prompt is "
-            f"{prompt_tokens} tokens (as the frontend counted it on arrival): the user is told "
-            f"of {told - prompt_tokens} more, the re-issued context's"
+            f"usage.prompt_tokens is {told} after the move, but the same prompt undisturbed is "
+            f"told {undisturbed}: the user is told of {told - undisturbed} more, the re-issued "
+            f"context's"
         ], ""
     return [], ""
 

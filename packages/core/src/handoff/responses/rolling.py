@@ -239,7 +239,9 @@ def holding(
         now = time.monotonic()
         fresh = [i for i in held if fresh_s is None or now - i.sent_at <= fresh_s]
         seen = f"{len(steady.open_ids())} requests open, {len(held)} on {worker.name}"
-        return (held if fresh else None), f"{seen}, {len(fresh)} of them sent within {fresh_s} s"
+        if fresh_s is not None:
+            seen += f", {len(fresh)} of them sent within {fresh_s:.1f} s"
+        return (held if fresh else None), seen
 
     try:
         return poll_until(probe, deadline.within(HOLDER_TIMEOUT_S), f"{worker.name} to hold one")

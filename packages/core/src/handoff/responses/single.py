@@ -36,6 +36,7 @@ from handoff.responses.waits import (
     reference_text,
     settled_counts,
     undisturbed,
+    undisturbed_prompt_tokens,
 )
 from handoff.verdict import Verdict, against_known_defect, judge
 
@@ -308,9 +309,12 @@ def judged(
     counts = settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
     history.record("metrics_read", counts=counts.as_dict())
     response = sent.inflight.response
+    judges_usage = where.request == "usage"
     kept = evidence.checked_content(
         planned.request, response, planned.owed, expected.completes, backend,
-        lambda: evidence.migration_evidence(
+        # A usage case judges usage.prompt_tokens as what the user is told: it is not read
+        # as the re-issued context there (the other topologies read it so).
+        lambda: None if judges_usage else evidence.migration_evidence(
             deployment, case, planned.request, sent.holder, response, prompt, counts.moves > 0,
             history, 0 if planned.request.stream else sent.seen,
         ),
@@ -324,8 +328,9 @@ def judged(
         )
     found = [*sent.evidence, *kept.problems]
     found += late_counts(metrics_url, model, before.counts, counts, expected, mode, history)
-    if where.request == "usage":
-        told, unseen = evidence.usage_problems(response, int(prompt), counts.moves > 0)
+    if judges_usage:
+        alone = undisturbed_prompt_tokens(deployment, planned.request, deadline, history)
+        told, unseen = evidence.usage_problems(response, alone, counts.ongoing_request > 0)
         found += told
         kept.unproven += [unseen] if unseen else []
     verdict = judge(

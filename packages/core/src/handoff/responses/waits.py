@@ -235,6 +235,21 @@ def undisturbed(
     return response.text
 
 
+def undisturbed_prompt_tokens(
+    deployment: Deployment, request: Request, deadline: Deadline, history: History
+) -> int:
+    """What an undisturbed request of the same prompt is told of it (`usage.prompt_tokens`):
+    the same request, unary, for one token, with no fault."""
+    once = replace(request, stream=False, max_tokens=1, request_id=None)
+    response = Response()
+    client.send(deployment.base_url, once, response, read_timeout_s=deadline.remaining())
+    told = (response.usage or {}).get("prompt_tokens")
+    history.record("undisturbed_usage", prompt_tokens=told, response=response.summary())
+    if response.status != 200 or response.error or response.exception or told is None:
+        raise CaseFailure(f"the undisturbed request for its usage failed: {response.summary()}")
+    return int(told)
+
+
 def last_token(inflight: InFlight) -> str:
     """How long the client has waited since its last token, and what it has."""
     response = inflight.response
