@@ -96,18 +96,12 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     loaded = send_load(deployment, case, deadline, history, run.variant)
     victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
     with ExitStack() as stack:
-        joiner = (
-            stack.enter_context(
-                joining.retired(
-                    joining.Joiner(
-                        deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
-                    ),
-                    history,
-                )
+        joiner = None
+        if topology(case.topology).join:
+            joining_worker = joining.Joiner(
+                deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
             )
-            if topology(case.topology).join
-            else None
-        )
+            joiner = stack.enter_context(joining.retired(joining_worker, history))
         signalled_at = time.monotonic()
         fault = recovery.send_fault(
             case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
@@ -609,6 +603,23 @@ def unmoved(
     ]
 
 
+def accounted_row(
+    n: int, worker: str | None, workers: list[str], cut: bool, inflight: InFlight
+) -> dict[str, object]:
+    """What `load_accounted` says of every request: which worker held it first, the workers
+    that received it in order, whether a fault cut it, and how it ended."""
+    response = inflight.response
+    return {
+        "n": n,
+        "worker": worker,
+        "workers": workers,
+        "cut": cut,
+        "stream": inflight.request.stream,
+        "status": response.status,
+        "failed": response.error is not None or response.exception is not None,
+    }
+
+
 def price(
     held: list[Held], cut: list[Held], signalled_at: float, served: dict[str, list[str]]
 ) -> list[dict[str, object]]:
@@ -619,18 +630,9 @@ def price(
     tokens before the signal and after it."""
     rows = []
     for h in held:
-        response = h.inflight.response
-        row: dict[str, object] = {
-            "n": h.n,
-            "worker": h.worker,
-            "workers": served.get(str(h.request.request_id), []),
-            "cut": h in cut,
-            "state": h.state,
-            "stream": h.request.stream,
-            "status": response.status,
-            "failed": response.error is not None or response.exception is not None,
-        }
-        at = [c.at for c in response.chunks]
+        workers = served.get(str(h.request.request_id), [])
+        row = {**accounted_row(h.n, h.worker, workers, h in cut, h.inflight), "state": h.state}
+        at = [c.at for c in h.inflight.response.chunks]
         if h.request.stream and at:
             resumed = resumption_s(at, signalled_at)
             gaps = list(pairwise(at))

@@ -129,10 +129,10 @@ def exercise_rolling(run: waits.CaseRun) -> Verdict:
         finally:
             steady.stop()
         await_every_response(steady, settings.graceful_bound_s, deadline, history)
-        verdict = judge_rolling(deployment, case, steady, before.counts, deadline, history)
-        verdict.unproven += unproven
         every = [inflight for inflight, _ in steady.sent]
         served = received(deployment.serving, {str(i.request.request_id) for i in every})
+        verdict = judge_rolling(deployment, case, steady, served, before.counts, deadline, history)
+        verdict.unproven += unproven
         for joiner in joiners:  # their probes end before every gauge must read 0
             problems, late = joiner.problems(every, steady.sent[0][1], served, history)
             verdict.reasons += problems + joiner.retire()
@@ -288,14 +288,14 @@ def judge_rolling(
     deployment: Deployment,
     case: Case,
     steady: SteadyLoad,
+    served: dict[str, list[str]],
     before: metrics.MigrationCounts,
     deadline: Deadline,
     history: History,
 ) -> Verdict:
     """Each request with the evidence every request gets, cut where the logs show it handed
-    over; and the frontend's moves against the hand-overs, none failed."""
-    ids = {str(i.request.request_id) for i, _ in steady.sent}
-    served = received(deployment.serving, ids)
+    over (`served`: the workers whose logs received each, in order); and the frontend's moves
+    against the hand-overs, none failed."""
     problems, notes, handovers = judged_requests(
         deployment, case, steady, served, deadline, history
     )
@@ -436,16 +436,6 @@ def accounted(steady: SteadyLoad, served: dict[str, list[str]]) -> list[dict[str
     rows = []
     for n, (inflight, _) in enumerate(steady.sent):
         workers = served.get(str(inflight.request.request_id), [])
-        response = inflight.response
-        rows.append(
-            {
-                "n": n,
-                "worker": workers[0] if workers else None,
-                "workers": workers,
-                "cut": len(workers) > 1,
-                "stream": inflight.request.stream,
-                "status": response.status,
-                "failed": response.error is not None or response.exception is not None,
-            }
-        )
+        first = workers[0] if workers else None
+        rows.append(load.accounted_row(n, first, workers, len(workers) > 1, inflight))
     return rows
