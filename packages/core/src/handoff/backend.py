@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from handoff.client import Guide
+from handoff.client import Annotations, Guide
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sums
+from handoff.responses.sequences import Origin
 from handoff.settings import BUILT_IN, Configuration, Setting
 
 if TYPE_CHECKING:
@@ -58,13 +59,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class Shape:
-    """The request of a case: a prompt of a known token length, a fixed output length, and the
-    guide its output must keep, if any."""
+    """The request of a case: a prompt of a known token length, a fixed output length, the
+    guide its output must keep, if any, and what the request tells the engine beside."""
 
     prompt: str
     prompt_tokens: int
     max_tokens: int
     guide: Guide | None = None
+    annotations: Annotations | None = None
 
 
 #: Judges a response's top log-probabilities, token by token: where they first depart, or None.
@@ -310,6 +312,12 @@ class Backend(ABC):
     def output_token_ids(self, text: str) -> list[int] | None:
         """The token ids of `text` of the model's output, where the backend can tell without a
         tokenizer; None where it cannot (the re-issued context is then judged by timing)."""
+        return None
+
+    def token_origin(self, token_id: int) -> Origin | None:
+        """Which worker of the deployment generated `token_id` and where in its own output it
+        stands, where the engines' outputs tell it (the mocker's replayed outputs); None where
+        the token does not: where a new worker's tokens begin is then judged otherwise."""
         return None
 
     def received_context(self, worker: Worker, prompt: str) -> list[int] | None:

@@ -67,6 +67,16 @@ class Guide:
 
 
 @dataclass(frozen=True)
+class Annotations:
+    """What an engine is told beside a request (`nvext.annotations`), for a request of
+    `max_tokens` only: one made longer or shorter from it goes without (the mocker's replayed
+    output is as long as the request it was planned for)."""
+
+    values: tuple[str, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
 class Request:
     """A request of a fixed output length, EOS ignored: deterministic (temperature 0) unless it
     asks for more than one choice."""
@@ -86,6 +96,8 @@ class Request:
     #: How many of the most likely tokens' log-probabilities each generated token carries back
     #: (`Backend.top_logprobs`); 0 asks for none.
     top_logprobs: int = 0
+    #: What the backend's engine is told beside the request (`nvext.annotations`).
+    annotations: Annotations | None = None
 
     @property
     def path(self) -> str:
@@ -114,6 +126,8 @@ class Request:
             body.update(logprobs=True, top_logprobs=self.top_logprobs)
         elif self.top_logprobs:
             body["logprobs"] = self.top_logprobs
+        if self.annotations is not None and self.annotations.max_tokens == self.max_tokens:
+            body["nvext"] = {"annotations": list(self.annotations.values)}
         return body
 
 

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from handoff.client import Response
 from handoff.machine.worker_logs import receipts
+from handoff.responses import sequences
 
 TokenCounter = Callable[[str], int | None]
 #: The token ids of a piece of output text, where the backend can tell; None where it cannot.
@@ -130,9 +131,11 @@ def check(
     one_token_per_frame: bool = False,
     migration: Migration | None = None,
     ids: TokenIds | None = None,
+    origin: sequences.TokenOrigin | None = None,
 ) -> Continuity:
     """Continuity of a completed `response` (status 200, no error frame); with `migration`,
-    its re-issued context too (`ids`: the token ids of output text, where the backend tells)."""
+    its re-issued context too (`ids`: the token ids of output text, where the backend tells;
+    `origin`: the worker each names, where the backend's tokens tell it)."""
     result = Continuity()
     frames = response.chunks
     named = {c.data.get("id") for c in frames}
@@ -144,9 +147,19 @@ def check(
     result.problems += token_problems(
         response, max_tokens, count, result.notes, one_token_per_frame
     )
+    told = told_runs(response, ids, origin)
+    if told is not None:
+        result.problems += told.problems
     if migration is not None:
-        result.problems += context_problems(response, max_tokens, count, migration, result, ids)
-    if baseline is None:
+        result.problems += context_problems(
+            response, max_tokens, count, migration, result, ids, told
+        )
+    if baseline is None and told is not None:
+        result.notes.append(
+            f"each token names the worker that generated it: {len(told.lengths)} run(s) of "
+            f"{told.lengths} tokens, each compared token for token with its worker's own output"
+        )
+    elif baseline is None:
         result.notes.append(f"content not compared with a baseline: {why_no_baseline}")
     elif (at := first_divergence(baseline, response.text)) is not None:
         token = differing_token(baseline, response.text, at, count)
@@ -304,6 +317,7 @@ def context_problems(
     migration: Migration,
     result: Continuity,
     ids: TokenIds | None = None,
+    told: sequences.Runs | None = None,
 ) -> list[str]:
     """The re-issued context against what the client had read before the new worker's first
     token: `usage.prompt_tokens` is the prompt plus the tokens the context carried. Where the
@@ -318,6 +332,12 @@ def context_problems(
     frames = [(c.at, count(c.text)) for c in response.chunks if c.text]
     if taken is None:
         return unclaimed(context, prompt, frames, migration, result)
+    context_is = f"the re-issued context carried {carried} (usage.prompt_tokens {context} "
+    context_is += f"- prompt {prompt})"
+    if told is not None and len(told.lengths) > 1:  # certain: the tokens name their worker
+        first = f"{taken.worker}'s first (the token where the worker that generated them changes)"
+        before, total = sum(told.lengths[:-1]), sum(told.lengths)
+        return compared(before, carried, max_tokens, total, first, context_is, result)
     counts = [n for _, n in frames if n is not None]
     if len(frames) < 2 or len(counts) < len(frames):
         why = "the client read the response whole" if len(frames) < 2 else "tokens not counted"
@@ -326,8 +346,6 @@ def context_problems(
             f"the client had when {taken.worker} took over: {why}"
         )
         return []
-    context_is = f"the re-issued context carried {carried} (usage.prompt_tokens {context} "
-    context_is += f"- prompt {prompt})"
     start_at, start = could_start(taken, migration)
     early = sum(n for (t, _), n in zip(frames, counts, strict=True) if t < start_at)
     if early > carried:  # certain: the new worker could not have sent a token yet
@@ -355,6 +373,15 @@ def context_problems(
     first = f"{taken.worker}'s first ({edge.why})"
     before = sum(counts[: edge.index])
     return compared(before, carried, max_tokens, sum(counts), first, context_is, result)
+
+
+def told_runs(
+    response: Response, ids: TokenIds | None, origin: sequences.TokenOrigin | None
+) -> sequences.Runs | None:
+    """The runs of each worker's tokens in the response, where its tokens name their worker."""
+    if ids is None or origin is None or (read := ids(response.text)) is None:
+        return None
+    return sequences.runs(read, origin)
 
 
 def could_start(taken: Takeover, migration: Migration) -> tuple[float, str]:

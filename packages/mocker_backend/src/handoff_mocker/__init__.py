@@ -20,10 +20,12 @@ from typing import ClassVar
 
 from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape, Worker
 from handoff.cases import ABANDONS, KILLS, Case, topology
+from handoff.client import Annotations
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
+from handoff.responses.sequences import Origin
 from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt, token_ids
-from handoff_mocker import kv_record
+from handoff_mocker import kv_record, origins
 from handoff_mocker.model import write_model
 
 MODEL_NAME = "handoff-mocker"
@@ -225,7 +227,16 @@ class MockerBackend(Backend):
         timing = timing_of(case)
         configured = self.setting("max_tokens") or {}
         output = configured.get(case.topology, timing.output)
-        return Shape(prompt(timing.prompt_tokens, variant), timing.prompt_tokens, output)
+        annotations = Annotations((origins.ANNOTATION,), output) if self.replays(case) else None
+        text = prompt(timing.prompt_tokens, variant)
+        return Shape(text, timing.prompt_tokens, output, annotations=annotations)
+
+    def replays(self, case: Case) -> bool:
+        """Whether `case`'s workers replay outputs of their own (handoff_mocker.origins): where
+        every worker is aggregated, and the request asks for neither a guide nor several
+        draws, which a replayed output does not keep."""
+        aggregated = set(self.topologies[case.topology]) == {"aggregate"}
+        return aggregated and topology(case.topology).request not in ("guided", "choices")
 
     def worker_variant(self, case: Case) -> tuple:
         """The speed of the mocker's decode and transfer, set per fault by its timing, and the
@@ -233,7 +244,16 @@ class MockerBackend(Backend):
         timing = timing_of(case)
         speeds = (timing.decode_speedup, timing.transfer_gbps, timing.prefill_ratio)
         decoding = self.decoding_at_once(case)
-        return speeds if decoding is None else (*speeds, f"seqs{decoding}")
+        speeds = speeds if decoding is None else (*speeds, f"seqs{decoding}")
+        return (*speeds, f"len{cap}") if (cap := self.context_cap(case)) else speeds
+
+    def context_cap(self, case: Case) -> int | None:
+        """A replaying worker's context (`max_model_len`): the prompt plus the output, so that
+        a new worker given the prompt and the tokens sent emits exactly the rest."""
+        if not self.replays(case):
+            return None
+        shape = self.shape(case)
+        return shape.prompt_tokens + shape.max_tokens
 
     def engine(self, role: str, case: Case) -> dict[str, object]:
         """The engine settings of a worker of `case` in `role`, as the mocker's engine-args
@@ -251,6 +271,8 @@ class MockerBackend(Backend):
         }
         if case.topology == "kv_transfer":
             engine["max_model_len"] = KV_CONTEXT
+        if (cap := self.context_cap(case)) is not None:
+            engine["max_model_len"] = cap
         if role == "prefill":
             engine["kv_transfer_bandwidth"] = timing.transfer_gbps
         if (decoding := self.decoding_at_once(case)) is not None:
@@ -264,6 +286,10 @@ class MockerBackend(Backend):
         settings = {"engine": self.engine(role, case), "dynamo": {"enable_local_indexer": True}}
         engine_args = folder / f"engine-{role}-{ports['system']}.json"
         folder.mkdir(parents=True, exist_ok=True)
+        if self.replays(case):
+            output = self.shape(case).max_tokens
+            trace = origins.write_trace(folder, ports["system"], output)
+            settings["dynamo"]["response_replay_trace_path"] = str(trace)
         engine_args.write_text(json.dumps(settings, indent=2) + "\n")
         argv = [
             sys.executable, "-m", "dynamo.mocker",
@@ -293,6 +319,9 @@ class MockerBackend(Backend):
             return kv_record.after_prefix(kv_record.stored_blocks(worker.ports["kv_replay"]), ids)
         except kv_record.Unread:
             return None
+
+    def token_origin(self, token_id: int) -> Origin | None:
+        return origins.origin(token_id)
 
     def output_tokens(self, text: str) -> int:
         """Each token of the mocker's model is one word `tN` (handoff.word_tokenizer)."""

@@ -91,8 +91,9 @@ def exercise_abandon(run: CaseRun) -> Verdict:
     metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
     shape = backend.shape(case, run.variant)
     request = Request(
-        case.api, True, model, shape.prompt, shape.max_tokens, request_id=str(uuid.uuid4())
-    )
+        case.api, True, model, shape.prompt, shape.max_tokens, request_id=str(uuid.uuid4()),
+        annotations=shape.annotations,
+    )  # fmt: skip
     targets = [w for w in deployment.workers if w.role == where.target_role]
     counts_before = metrics.MigrationCounts.read(metrics_url, model)
     before = Readings.take(deployment, targets, deadline)

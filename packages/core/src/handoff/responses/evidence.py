@@ -93,6 +93,7 @@ def content(
         one_token_per_frame=backend.one_token_per_frame,
         migration=migration,
         ids=backend.output_token_ids,
+        origin=backend.token_origin,
     )
     if owed.logprobs is not None:
         received = backend.output_tokens(response.text)

@@ -174,7 +174,14 @@ def send_load(
     top = backend.top_logprobs(case)
     requests = [
         Request(
-            case.api, n % 2 == 0, model, s.prompt, s.max_tokens, str(uuid.uuid4()), top_logprobs=top
+            case.api,
+            n % 2 == 0,
+            model,
+            s.prompt,
+            s.max_tokens,
+            str(uuid.uuid4()),
+            top_logprobs=top,
+            annotations=s.annotations,
         )
         for n, s in enumerate(shapes)
     ]

@@ -90,6 +90,7 @@ class SteadyLoad:
                 self.case.api, n % 2 == 0, self.deployment.model_name, shape.prompt,
                 shape.max_tokens, str(uuid.uuid4()),
                 top_logprobs=self.deployment.backend.top_logprobs(self.case),
+                annotations=shape.annotations,
             )  # fmt: skip
             self.sent.append(
                 (InFlight(self.deployment.base_url, request, self.read_timeout_s), shape)

@@ -157,6 +157,7 @@ def plan(
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
         top_logprobs=backend.top_logprobs(case) if where.request != "choices" else 0,
+        annotations=shape.annotations,
     )  # fmt: skip
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
