@@ -429,7 +429,7 @@ def test_a_spare_drained_by_sigterm_leaves_the_running_frontend_as_a_worker_star
     backend = MockerBackend()
     roles = backend.roles(LONG.topology)
     pools = Pools(tmp_path / "pools", planned=Counter({PoolKey.of(backend, LONG, roles): 2}))
-    first = run_case(backend, FIRST, tmp_path / "first", SETTINGS, 60, pools=pools)
+    first = run_case(backend, LONG, tmp_path / "first", SETTINGS, 60, pools=pools)
     assert not first.verdict.reasons, first.verdict.summary()
     pool = pools.pool_for(backend, LONG, roles)
     deployment = Deployment(backend, LONG, tmp_path / "second", policy(LONG.policy), roles, pool)

@@ -28,9 +28,10 @@ from altering_proxy import AlteringProxy, through_proxy
 from handoff import runner
 from handoff.backend import Shape
 from handoff.cases import Case
+from handoff.client import Annotations
 from handoff.runner import Settings
 from handoff.verdict import NOT_PROVEN, PASSED
-from handoff_mocker import MockerBackend
+from handoff_mocker import MockerBackend, origins
 
 CASE = "migration_enabled-worker_failure-chat-stream-tcp"
 #: The mocker's speed here: a decode step (75 ms) longer than a loaded frontend's usual hiccup.
@@ -43,13 +44,17 @@ MAX_TOKENS = 48
 class SlowMocker(MockerBackend):
     """The mocker decoding at `SPEEDUP_RATIO`, with a request of `MAX_TOKENS`, its workers
     keeping the record of the context they received (`kv_record`; its ports bind every
-    address, so only these tests turn it on)."""
+    address, so only these tests turn it on) and drawing their tokens at random, which do not
+    name their worker (handoff_mocker.origins)."""
 
     def __init__(self, kv_record: bool = True) -> None:
         super().__init__(speedup_ratio=SPEEDUP_RATIO, kv_record=kv_record)
 
     def shape(self, case: Case, variant: int = 0) -> Shape:
-        return replace(super().shape(case, variant), max_tokens=MAX_TOKENS)
+        return replace(super().shape(case, variant), max_tokens=MAX_TOKENS, annotations=None)
+
+    def replays(self, case: Case) -> bool:
+        return False
 
 
 class NoRecordMocker(SlowMocker):
@@ -173,3 +178,52 @@ def test_the_new_workers_record_settles_a_boundary_that_timing_cannot(proxied):
     assert_burst(proxy.altered())
     assert result.verdict.outcome == PASSED, result.verdict.summary()
     assert any("token for token" in n for n in result.verdict.notes), result.verdict.notes
+
+
+class NamingMocker(SlowMocker):
+    """The slowed mocker whose workers each replay an output of their own
+    (handoff_mocker.origins), as the mocker runs by default: every token names its worker, so
+    where the new worker's tokens begin is told by the tokens, whatever the timing."""
+
+    def __init__(self) -> None:
+        super().__init__(kv_record=False)
+
+    def shape(self, case: Case, variant: int = 0) -> Shape:
+        shape = super().shape(case, variant)
+        return replace(shape, annotations=Annotations((origins.ANNOTATION,), shape.max_tokens))
+
+    def replays(self, case: Case) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("mode", "reasons"),
+    [
+        (None, []),
+        ("burst", []),  # the boundary timing cannot tell: the tokens tell it
+        (
+            "replay",
+            [
+                "after its token", "1 of its tokens repeated",
+                "'s first (the token where the worker that generated them changes), but the "
+                "re-issued context carried", "1 replayed at the migration",
+            ],
+        ),
+        (
+            "lost_and_repeated",
+            [
+                "'s token 3 (modulo 256), after its token 3: 1 of its tokens repeated",
+                "1 lost at the migration, and as many repeated after it",
+            ],
+        ),
+    ],
+)  # fmt: skip
+def test_tokens_that_name_their_worker_tell_the_boundary_and_every_break(proxied, mode, reasons):
+    result, proxy = proxied(mode, NamingMocker())
+    assert bool(proxy.altered()) == (mode is not None), proxy.altered()
+    verdict = result.verdict
+    told = [n for n in verdict.notes if "each token names the worker" in n]
+    assert told and "2 run(s)" in told[0], (verdict.notes, result.folder)
+    found = " | ".join(verdict.reasons)
+    assert verdict.passed == (not reasons) and verdict.unproven == [], verdict.summary()
+    assert all(r in found for r in reasons), found
