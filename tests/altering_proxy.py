@@ -52,7 +52,7 @@ from handoff.responses import single
 #: a client that fell behind reads them; "unheard_close" forwards the stream as it came but
 #: never closes the frontend's stream when the client hangs up; None forwards the stream as it
 #: came.
-MODES = ("replay", "lost_and_repeated", "burst", "unheard_close", None)
+MODES = ("replay", "lost_and_repeated", "burst", "drawn", "unheard_close", None)
 #: How long the stopped holder's stream must have been still before the kill: longer than the
 #: stalls of a frontend and a client on a loaded machine.
 STILL_S = 0.3
@@ -63,6 +63,8 @@ ANSWER_TIMEOUT_S = 10.0
 #: The least time between content frames after the migration: far above the verdict's "back to
 #: back" (continuity.BURST_S), well below the slowed mocker's decode step.
 SPREAD_S = 0.02
+#: A token of the mocker's own random draws (ids 1000 to 1999), which no replayed output holds.
+DRAWN = " t1500"
 
 
 class AlteringProxy:
@@ -186,6 +188,9 @@ class Alterations:
             if self.mode == "lost_and_repeated" and self.after_migration == 3:
                 self.altered.append(("repeated", 3))
                 return [event, event]
+            if self.mode == "drawn" and self.after_migration == 2:
+                self.altered.append(("drawn", 2))
+                return [drawn(event)]
             if self.mode == "burst" and self.after_migration == 1 and self.held:
                 sent, self.held = [*self.held, event], []
                 self.altered.append(("sent_together", len(sent)))
@@ -336,6 +341,17 @@ def frame(event: bytes) -> Chunk | None:
     except ValueError:
         return None
     return Chunk(0.0, data) if isinstance(data, dict) else None
+
+
+def drawn(event: bytes) -> bytes:
+    """The frame with its token replaced by one the mocker draws at random (`DRAWN`), as a
+    worker that was not replaying its output would have sent it: the count is unchanged."""
+    chunk = frame(event)
+    assert chunk is not None
+    choice = chunk.data["choices"][0]
+    where, key = (choice["delta"], "content") if "delta" in choice else (choice, "text")
+    where[key] = DRAWN
+    return b"data: " + json.dumps(chunk.data).encode() + b"\n\n"
 
 
 def is_content(event: bytes) -> bool:

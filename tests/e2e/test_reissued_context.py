@@ -209,6 +209,10 @@ class NamingMocker(SlowMocker):
                 "re-issued context carried", "1 replayed at the migration",
             ],
         ),
+        (  # the count, usage and frames all still agree: only the token's origin tells
+            "drawn",
+            ["1 token(s) name no worker, the first token", "(id 1500): replaced, or generated"],
+        ),
         (
             "lost_and_repeated",
             [
@@ -223,7 +227,7 @@ def test_tokens_that_name_their_worker_tell_the_boundary_and_every_break(proxied
     assert bool(proxy.altered()) == (mode is not None), proxy.altered()
     verdict = result.verdict
     told = [n for n in verdict.notes if "each token names the worker" in n]
-    assert told and "2 run(s)" in told[0], (verdict.notes, result.folder)
+    assert mode == "drawn" or (told and "2 run(s)" in told[0]), (verdict.notes, result.folder)
     found = " | ".join(verdict.reasons)
     assert verdict.passed == (not reasons) and verdict.unproven == [], verdict.summary()
     assert all(r in found for r in reasons), found

@@ -126,9 +126,14 @@ class Request:
             body.update(logprobs=True, top_logprobs=self.top_logprobs)
         elif self.top_logprobs:
             body["logprobs"] = self.top_logprobs
-        if self.annotations is not None and self.annotations.max_tokens == self.max_tokens:
+        if self.annotated:
             body["nvext"] = {"annotations": list(self.annotations.values)}
         return body
+
+    @property
+    def annotated(self) -> bool:
+        """Whether the request carries its annotations: only at the length they were made for."""
+        return self.annotations is not None and self.annotations.max_tokens == self.max_tokens
 
 
 @dataclass

@@ -154,7 +154,7 @@ def check(
         result.problems += context_problems(
             response, max_tokens, count, migration, result, ids, told
         )
-    if baseline is None and told is not None:
+    if baseline is None and told is not None and told.lengths:
         result.notes.append(
             f"each token names the worker that generated it: {len(told.lengths)} run(s) of "
             f"{told.lengths} tokens, each compared token for token with its worker's own output"
@@ -337,7 +337,10 @@ def context_problems(
     if told is not None and len(told.lengths) > 1:  # certain: the tokens name their worker
         first = f"{taken.worker}'s first (the token where the worker that generated them changes)"
         before, total = sum(told.lengths[:-1]), sum(told.lengths)
-        return compared(before, carried, max_tokens, total, first, context_is, result)
+        problems = compared(before, carried, max_tokens, total, first, context_is, result)
+        if (record := held(response, migration, carried, ids)) is not None:
+            problems += identity_problems(record, carried, max_tokens, total, taken, result)
+        return problems
     counts = [n for _, n in frames if n is not None]
     if len(frames) < 2 or len(counts) < len(frames):
         why = "the client read the response whole" if len(frames) < 2 else "tokens not counted"

@@ -35,13 +35,24 @@ ENGINES = (WORDS - BASE) // PERIOD
 
 def write_trace(folder: Path, port: int, length: int) -> Path:
     """The trace of the next worker of `folder` (its system `port` names the file): `length`
-    tokens of its own sequence under `KEY`."""
-    engine = len(list(folder.glob("output-*.jsonl"))) % ENGINES
+    tokens of its own sequence under `KEY`; a port's trace keeps its worker's number (a launch
+    made again for a running worker, as a pool checks one)."""
+    path = folder / f"output-{port}.jsonl"
+    if path.exists():  # its number kept
+        engine = first_worker(path)
+    else:
+        engine = len(list(folder.glob("output-*.jsonl"))) % ENGINES
     tokens = [BASE + engine * PERIOD + i % PERIOD for i in range(length)]
     row = {"request_id": KEY, "output_length": length, "output_token_ids": tokens}
-    path = folder / f"output-{port}.jsonl"
     path.write_text(json.dumps(row) + "\n")
     return path
+
+
+def first_worker(trace: Path) -> int:
+    """The number of the worker whose output `trace` holds."""
+    found = origin(json.loads(trace.read_text())["output_token_ids"][0])
+    assert found is not None, trace
+    return found.worker
 
 
 def origin(token_id: int) -> Origin | None:

@@ -93,7 +93,7 @@ def content(
         one_token_per_frame=backend.one_token_per_frame,
         migration=migration,
         ids=backend.output_token_ids,
-        origin=backend.token_origin,
+        origin=backend.token_origin if request.annotated else None,
     )
     if owed.logprobs is not None:
         received = backend.output_tokens(response.text)
