@@ -7,8 +7,9 @@ third) can be compared.
 Run from the repository root with the tests session's venv (`nox -s tests` makes it). Prints the
 yardstick (the CPU seconds one process takes to generate every nightly selection with an empty
 cache of generated arrays: a fixed, deterministic search), the suite's wall and CPU time (every
-process it started and reaped), the CPU per yardstick, and the test modules that used most CPU.
-The suite runs as `nox -s tests` runs it, unless PYTEST ARGS replace its arguments.
+process it started and reaped), the CPU per yardstick, the test modules and the tests that used
+most CPU, and the longest tests. The suite runs as `nox -s tests` runs it, unless PYTEST ARGS
+replace its arguments.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from operator import itemgetter
 from pathlib import Path
 
 from cpu_per_test import FOLDER_ENV, cpu_s
 
 from handoff.machine.environment import CACHE_ENV
 
-SUITE = ["tests", "--ignore", "tests/vllm_cpu", "-n", "8"]
+SUITE = ["tests", "--ignore", "tests/vllm_cpu", "-n", "12"]
 YARDSTICK = (
     "from handoff.cases import TOPOLOGIES, selection\nfor t in TOPOLOGIES: selection(t, 'nightly')"
 )
@@ -81,8 +83,27 @@ def main(argv: list[str]) -> int:
         by_module.items(), key=lambda kv: -kv[1][0]
     )[:SHOWN]:
         print(f"{module:<50} {count:>5} {module_cpu:>7.1f} {module_wall:>7.1f}")
+    print_costliest(tests)
     print_occupancy(tests, started, wall)
     return run.returncode
+
+
+def print_costliest(tests: list[dict]) -> None:
+    """The tests that used most CPU, the longest, and the sum of every test's wall time (what
+    the xdist workers spent, waits included)."""
+    own, reaped = (sum(t[k] for t in tests) for k in ("own_s", "children_s"))
+    print(
+        f"tests' wall time summed: {sum(t['wall_s'] for t in tests):.0f} s; CPU {own:.0f} s in "
+        f"the pytest processes, {reaped:.0f} s in the children they reaped"
+    )
+    for title, key in (
+        ("CPU", lambda t: t["own_s"] + t["children_s"]),
+        ("wall", itemgetter("wall_s")),
+    ):
+        print(f"the most {title}:")
+        for test in sorted(tests, key=key, reverse=True)[:SHOWN]:
+            cpu = test["own_s"] + test["children_s"]
+            print(f"  {cpu:6.1f} CPU-s {test['wall_s']:6.1f} s  {test['test']}")
 
 
 def print_occupancy(tests: list[dict], started: float, wall: float) -> None:

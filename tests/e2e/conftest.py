@@ -1,7 +1,7 @@
 """Every end-to-end test, pass or fail, must leave no process that handoff started.
 
 A case a test expects to pass passes by its reasons (every check made held): under nox -s
-tests' eight workers on two cores a migration's boundary may be left not proven, the
+tests' twelve workers on two cores a migration's boundary may be left not proven, the
 continuity's verdict, which the main job enforces (mocker_pre_merge) and test_not_proven_runs
 tests."""
 
@@ -42,17 +42,18 @@ def nothing_left_running(request, handoff_mark):
     assert left == [], f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
 
-#: The slowest groups, by their first item's setup (benchmarks/RESULTS.md): the container
-#: tests' image build, then the shards' three runs.
-FIRST = ("test_container_runs.py", "test_shards.py")
+#: The longest tests' modules, longest first (benchmarks/suite_cpu.py): the container tests'
+#: image build, the joins' frozen joiner, the report's real run, the shards' three runs.
+FIRST = ("test_container_runs.py", "test_join.py", "test_report_browser.py", "test_shards.py")
 
 
 @pytest.hookimpl(trylast=True)  # on what -k, -m and the rest left selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Where test_shards.py is selected too, test_qualification.py leaves it the topologies
     it runs (three shard runs, merged and checked as one run), so that each pre-merge case runs
-    once in the suite. The slowest groups collected first, so that xdist hands them out first:
-    the whole suite otherwise waits on the image build that started last."""
+    once in the suite. The slowest groups collected first, then the other end-to-end tests, and
+    the unit tests last, so that xdist hands out the long ones first and the short ones fill
+    the end: the whole suite otherwise waits on a long test that started last."""
     shards = next((i.module for i in items if i.path.name == "test_shards.py"), None)
     if shards is not None:
         sharded = {
@@ -63,6 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         }
         config.hook.pytest_deselected(items=list(sharded))
         items[:] = [i for i in items if i not in sharded]
-    items.sort(
-        key=lambda item: next((n for n, f in enumerate(FIRST) if item.path.name == f), len(FIRST))
-    )
+    items.sort(key=lambda item: (
+        next((n for n, f in enumerate(FIRST) if item.path.name == f), len(FIRST)),
+        item.path.parent.name == "unit",
+    ))  # fmt: skip

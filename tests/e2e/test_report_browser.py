@@ -1,8 +1,9 @@
 """report.html of a real run, rendered by a real browser: the first pre-merge case of each
-mocker topology runs (two xdist workers), `handoff report` writes the page, and Debian's
+kind of drawing runs (two xdist workers), `handoff report` writes the page, and Debian's
 headless chromium draws it (a screenshot) and parses it (its DOM holds one timeline per case,
-and for the load case a lane per request). The whole selection runs elsewhere
-(tests/e2e/test_qualification.py); this is about the page."""
+and for a load or rolling case a lane per request). The whole selection runs elsewhere
+(tests/e2e/test_qualification.py); this is about the page, which draws every topology from
+the same events (tests/unit/test_report.py draws each kind of history)."""
 
 import os
 import shlex
@@ -18,13 +19,9 @@ import pytest
 from handoff.cases import TOPOLOGIES, selection
 from handoff_mocker import MockerBackend
 
-#: The first pre-merge case of each topology the mocker runs that has one (decode_load is
-#: nightly only).
-CASES = [
-    rows[0].key
-    for t in TOPOLOGIES
-    if MockerBackend().why_not(t) is None and (rows := selection(t, "pre_merge"))
-]
+#: The first pre-merge case of each kind of drawing: a timeline alone, a batch's lanes, and a
+#: rolling restart's lanes (more than its batch).
+CASES = [selection(t, "pre_merge")[0].key for t in ("aggregate", "load", "rolling")]
 ONLY = [arg for key in CASES for arg in ("--handoff-case", key)]
 WIDTH, HEIGHT = 1400, 3000
 

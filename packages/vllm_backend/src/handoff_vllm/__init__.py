@@ -50,7 +50,7 @@ from handoff.gpu_backend import (
 from handoff.machine.environment import require_engine, require_modules
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
-from handoff_vllm import cpu, fingerprint, rule, tiny_model
+from handoff_vllm import cpu, rule, tiny_model
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
 KV_CACHE_BYTES = 331_711_000
@@ -242,7 +242,7 @@ class VllmBackend(DynamoGpuBackend):
         )
 
     def top_logprobs(self, case) -> int:
-        return fingerprint.TOP_LOGPROBS if self.builds_model else 0
+        return tiny_model.TOP_LOGPROBS if self.builds_model else 0
 
     def logprob_judge(self, api: str, shape):
         """The built-in model's log-probabilities as handoff computes them
@@ -260,6 +260,8 @@ class VllmBackend(DynamoGpuBackend):
                         f"token {at + 1}'s log-probabilities name a word outside the model: {top}"
                     )
                 by_id.append(ids)
+            from handoff_vllm import fingerprint  # numpy: only where a response is judged
+
             return fingerprint.departure(context, output, by_id)
 
         return judge

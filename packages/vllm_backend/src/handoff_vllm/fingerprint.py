@@ -9,13 +9,14 @@ them by more than `TOLERANCE`.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from handoff_vllm import tiny_model, weights
+from handoff_vllm.tiny_model import TOP_LOGPROBS
 from handoff_vllm.weights import HEAD_DIM, HEADS, RMS_EPS, ROPE_THETA
 
-#: How many log-probabilities the engine returns for each token.
-TOP_LOGPROBS = 5
 #: How far the engine's log-probabilities may be from this computation: over ten times the largest
 #: difference benchmarks/model_margin.py measured between vLLM's CPU engine and it.
 TOLERANCE = 7e-4
@@ -70,6 +71,15 @@ def logprobs(tokens: list[int], start: int, seed: int = 0) -> np.ndarray:
     return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
 
 
+@lru_cache(maxsize=4)
+def reference(tokens: tuple[int, ...], start: int) -> np.ndarray:
+    """`logprobs` of an undisturbed context, kept: a judge compares many observations (every
+    wrong context of tests/unit/test_fingerprint.py) with the same one."""
+    rows = logprobs(list(tokens), start)
+    rows.flags.writeable = False
+    return rows
+
+
 def departure(
     context: list[int], output: list[int], observed: list[dict[int, float]]
 ) -> str | None:
@@ -79,7 +89,7 @@ def departure(
     tokens depart too (fewer are the response's own count to judge: evidence.logprob_problems)."""
     if len(observed) > len(output):
         return f"{len(observed)} tokens carry log-probabilities; the reference has {len(output)}"
-    expected = logprobs(context + output[: len(observed) - 1], len(context) - 1)
+    expected = reference(tuple(context + output[: len(observed) - 1]), len(context) - 1)
     for at, (seen, row) in enumerate(zip(observed, expected, strict=True)):
         floor = np.sort(row)[-TOP_LOGPROBS]
         for token, value in seen.items():

@@ -33,6 +33,8 @@ from handoff.word_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
 from handoff_vllm import rule, weights
 
 NAME = "handoff-tiny-llama"
+#: How many log-probabilities a case asks of the model for each token (handoff_vllm.fingerprint).
+TOP_LOGPROBS = 5
 CONTEXT_TOKENS = 4096
 #: The fastest rotary pair turns by pi a position (vLLM and transformers divide positions by
 #: the factor).

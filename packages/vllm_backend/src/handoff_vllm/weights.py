@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from handoff.word_tokenizer import VOCAB_SIZE
 from handoff_vllm import rule
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HIDDEN, INTERMEDIATE, HEADS, HEAD_DIM = 512, 2048, 8, 64
 #: The residual stream's dimensions.
@@ -62,7 +64,10 @@ class Weights:
 
 @cache
 def recipe(seed: int) -> Weights:
-    """The weights of `seed` (see above)."""
+    """The weights of `seed` (see above). numpy is imported here, not above: every process of
+    handoff loads this backend's plugin, and most never build the model."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     code = rng.choice([-1.0, 1.0], (VOCAB_SIZE, WIDTH))
     rotation, _ = np.linalg.qr(rng.standard_normal((WIDTH, WIDTH)))
