@@ -49,7 +49,10 @@ def features(prompt: str, after: int) -> dict[str, dict[str, Any]]:
     eos = {"ignore_eos": False}  # Dynamo drops a request's stop strings with ignore_eos
     return {
         "plain": {},
-        "stop spanning the move": {**eos, "stop": [" ".join(words[after : after + 3])]},
+        # From the kill to well after it: the frontend holds back what may be a stop string's
+        # start, so the client sees the `after` tokens before it, and the kill lands inside the
+        # match (the moved usage's prompt_tokens, the prompt and the tokens carried, say where).
+        "stop spanning the move": {**eos, "stop": [" ".join(words[after : after + 28])]},
         "stop after the move": {**eos, "stop": [" ".join(words[after + 40 : after + 42])]},
         "min_tokens past a stop": {
             **eos,
