@@ -102,5 +102,16 @@ def logprobs_dropped(chunk: dict, index: int) -> dict:
     return chunk
 
 
+def first_token_replaced(chunk: dict, index: int) -> dict:
+    """The successor's first token another word, as an engine that continued a wrong context
+    would generate it: a stop string whose match spans the move then never completes."""
+    if index == 0 and chunk.get("token_ids"):
+        chunk["token_ids"] = [other(chunk["token_ids"][0]), *chunk["token_ids"][1:]]
+    return chunk
+
+
 #: Wrong outputs, by name: each takes the worker's chunk and its place in the response.
-OUTPUT_PERTURBATIONS = {"the first token's log-probabilities dropped": logprobs_dropped}
+OUTPUT_PERTURBATIONS = {
+    "the first token's log-probabilities dropped": logprobs_dropped,
+    "the first token replaced": first_token_replaced,
+}

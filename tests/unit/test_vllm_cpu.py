@@ -109,6 +109,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "join": aggregate,
         "rolling": aggregate,
         "usage": aggregate,
+        "stop": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from perturbing_worker.perturbations import OUTPUT_PERTURBATIONS, perturbations
+from perturbing_worker.perturbations import perturbations
 from test_engine import SETTINGS, TIMEOUT_S, reasons_of
 
 from handoff.cases import Case
@@ -20,6 +20,7 @@ from handoff_vllm import VllmBackend, rule
 
 HERE = Path(__file__).resolve().parents[1] / "perturbing_worker"
 MOVED = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "aggregate")
+STOPPED = Case.from_id("worker_failure-completion-stream-tcp", "stop")
 TRANSFERRED = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
 #: What a prefill worker can get wrong and still hand over KV of the prompt's length.
 KV_WRONGS = ("another request's prompt of the same length", "a KV block of prompt tokens replaced")
@@ -82,7 +83,19 @@ def test_a_successor_whose_first_token_lacks_its_log_probabilities_fails_by_the_
 ):
     """The tokens after the move are right, but one carries no log-probabilities: a token left
     unjudged is no agreement."""
-    (name,) = OUTPUT_PERTURBATIONS
+    name = "the first token's log-probabilities dropped"
     reasons = run_wrong(vllm_cpu, tmp_path, MOVED, name)
     counts = re.search(r"(\d+) tokens carry log-probabilities; the client received (\d+)", reasons)
     assert counts and int(counts[2]) - int(counts[1]) == 1, reasons
+
+
+def test_a_successor_that_breaks_a_stop_string_across_the_move_fails_by_finish_count_and_text(
+    vllm_cpu, tmp_path
+):
+    """The stop string's match spans the move; the successor's first token is another word, so
+    the match never completes and the response runs on to `max_tokens`: what the user then
+    gets is not the text before the string, its finish or its count."""
+    reasons = run_wrong(vllm_cpu, tmp_path, STOPPED, "the first token replaced")
+    assert "finish_reason 'length', expected 'stop'" in reasons
+    assert re.search(r"\d+ completion tokens in usage, expected \d+", reasons), reasons
+    assert "departs from the reference before its stop string at character" in reasons

@@ -279,6 +279,12 @@ class Backend(ABC):
         that the deployment serves first)."""
         return None
 
+    def stop_text(self, api: str, shape: Shape, begins: int, ends: int) -> str | None:
+        """The text of the reference output's tokens `begins` to `ends` (counted from 0, `ends`
+        excluded), as a stop string that matches there first; None where handoff does not know
+        the output (the `stop` cases then cannot run: `unsupported` says why)."""
+        return None
+
     def top_logprobs(self, case: Case) -> int:
         """How many of the most likely tokens' log-probabilities each generated token of
         `case`'s request carries back, for `logprob_judge`; 0 (none asked) by default."""

@@ -181,7 +181,8 @@ class Topology:
     #: holds the most of them (handoff.load).
     load: bool = False
     #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
-    #: or "usage" (a plain request whose usage after the move is judged too).
+    #: "usage" (a plain request whose usage after the move is judged too), or "stop" (one with
+    #: a stop string across the move: `responses.stops`).
     request: str = "plain"
     #: The silent worker runs again the instant the frontend counts the move, and the lifecycle
     #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
@@ -373,6 +374,26 @@ USAGE = Topology(
     pre_merge_ids=(),
     pre_merge_promise=Promise(),
     request="usage",
+)
+
+#: A request that must end at a stop string whose match spans the move (`responses.stops`):
+#: the user gets the text before the string, finish "stop", the tokens to its end counted.
+#: Nightly: Dynamo 1.6.1's frontend keeps the match across a move (docs/cases.md, measured).
+STOP = replace(
+    USAGE,
+    name="stop",
+    restrictions=(
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "a stop string across a move needs a move: the other policies' responses are "
+            "qualified by the aggregate cases",
+        ),
+        Restriction(
+            "fault", KILLS, "a kill and a drain move the request soonest, inside the string"
+        ),
+    ),
+    request="stop",
 )
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
@@ -601,6 +622,7 @@ TOPOLOGIES: dict[str, Topology] = {
             GUIDED, name="choices", request="choices", pre_merge_ids=(), pre_merge_promise=Promise()
         ),
         USAGE,
+        STOP,
         ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.

@@ -67,6 +67,17 @@ class Guide:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """A stop string the output must end at: the frontend stops the response once `text` has
+    been generated, `ends` tokens in, and gives the user what came before it, the first
+    `begins` tokens (the string excluded, OpenAI's rule)."""
+
+    text: str
+    begins: int
+    ends: int
+
+
+@dataclass(frozen=True)
 class Annotations:
     """What an engine is told beside a request (`nvext.annotations`), for a request of
     `max_tokens` only: one made longer or shorter from it goes without (the mocker's replayed
@@ -98,6 +109,8 @@ class Request:
     top_logprobs: int = 0
     #: What the backend's engine is told beside the request (`nvext.annotations`).
     annotations: Annotations | None = None
+    #: Sent with `ignore_eos` false, which Dynamo needs to keep a request's stop strings.
+    stop: Stop | None = None
 
     @property
     def path(self) -> str:
@@ -128,7 +141,14 @@ class Request:
             body["logprobs"] = self.top_logprobs
         if self.annotated:
             body["nvext"] = {"annotations": list(self.annotations.values)}
+        if self.stop is not None:
+            body.update(stop=[self.stop.text], ignore_eos=False)
         return body
+
+    @property
+    def ends(self) -> tuple[int, str]:
+        """The completion tokens the response must count and its finish reason."""
+        return (self.max_tokens, "length") if self.stop is None else (self.stop.ends, "stop")
 
     @property
     def annotated(self) -> bool:

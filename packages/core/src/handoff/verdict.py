@@ -92,13 +92,13 @@ def late_count_problems(
 
 
 def response_problems(
-    expected: Outcome, policy_name: str, response: Response, max_tokens: int
+    expected: Outcome, policy_name: str, response: Response, tokens: int, finish: str = "length"
 ) -> list[str]:
     """What the user got against what the policy promises: the whole response, or the
     migration path's own error (any other error, a 404 or a 500, is another failure)."""
     problems = [f"the frontend broke the protocol: {p}" for p in response.protocol_errors]
     if expected.error is None:
-        return problems + completion_problems(response, max_tokens)
+        return problems + completion_problems(response, tokens, finish)
     want = expected.error
     if response.exception:
         problems.append(f"expected an API error, but the connection failed: {response.exception}")
@@ -118,15 +118,20 @@ def response_problems(
 
 
 def request_problems(
-    expected: Outcome, policy_name: str, response: Response, max_tokens: int, cut: bool
+    expected: Outcome,
+    policy_name: str,
+    response: Response,
+    max_tokens: int,
+    cut: bool,
+    finish: str = "length",
 ) -> list[str]:
     """One request against its promise: one the fault `cut` ends as `expected` says
     (`response_problems`); any other completes whatever the policy. Either way its prompt was
     computed for it (`cache_problems`)."""
     if cut:
-        problems = response_problems(expected, policy_name, response, max_tokens)
+        problems = response_problems(expected, policy_name, response, max_tokens, finish)
     else:
-        problems = completion_problems(response, max_tokens)
+        problems = completion_problems(response, max_tokens, finish)
     return problems + cache_problems(response)
 
 
@@ -141,7 +146,9 @@ def carries(response: Response, error: ApiError) -> bool:
     )
 
 
-def completion_problems(response: Response, max_tokens: int) -> list[str]:
+def completion_problems(response: Response, tokens: int, finish: str = "length") -> list[str]:
+    """A whole response: HTTP 200, no error frame, its `finish` reason, `tokens` counted in its
+    usage, and a stream's closing frame."""
     if response.exception:
         return [f"the response did not complete: {response.exception}"]
     if response.status != 200:
@@ -149,11 +156,11 @@ def completion_problems(response: Response, max_tokens: int) -> list[str]:
     problems = []
     if response.error is not None:
         problems.append(f"the stream carried an error frame: {response.error}")
-    if response.finish_reason != "length":
-        problems.append(f"finish_reason {response.finish_reason!r}, expected 'length'")
-    if response.completion_tokens != max_tokens:
+    if response.finish_reason != finish:
+        problems.append(f"finish_reason {response.finish_reason!r}, expected {finish!r}")
+    if response.completion_tokens != tokens:
         problems.append(
-            f"{response.completion_tokens} completion tokens in usage, expected {max_tokens}"
+            f"{response.completion_tokens} completion tokens in usage, expected {tokens}"
         )
     if response.streamed and not response.done:
         problems.append("the stream ended without its closing data: [DONE] frame")
@@ -195,9 +202,11 @@ def judge(
     mode: str,
     evidence: Sequence[str] = (),
     unproven: Sequence[str] = (),
+    finish: str = "length",
 ) -> Verdict:
     """`evidence`: problems found by topology-specific checks (the KV transfer) to add;
-    `unproven`: the checks they could not make, each with why."""
+    `unproven`: the checks they could not make, each with why; `max_tokens` and `finish`: how
+    a whole response ends (`Request.ends`)."""
     problems = []
     # A drained worker may hand the request over at SIGTERM already (vLLM with no grace
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
@@ -219,7 +228,7 @@ def judge(
             f"the frontend counted no migration: the request was not in flight at the fault "
             f"(raise the output length)"
         )
-    problems += request_problems(expected, policy_name, response, max_tokens, cut=True)
+    problems += request_problems(expected, policy_name, response, max_tokens, True, finish)
     if expected.ongoing_request + expected.new_request and not migrated and not too_late:
         problems.append(
             f"the frontend counted no migration at all: {fault.worker}, which was faulted, "

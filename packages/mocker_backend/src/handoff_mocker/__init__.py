@@ -172,6 +172,8 @@ class MockerBackend(Backend):
         "engine",
         "engine_core": "the mocker's engine runs inside its worker process: there is no engine "
         "core apart from the worker to kill (worker_failure kills both)",
+        "stop": "the mocker's new worker emits its own output, not the rest of the first one's: "
+        "a stop string across the move could never match: qualified on vLLM's CPU engine",
     }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every

@@ -146,7 +146,7 @@ class VllmBackend(DynamoGpuBackend):
         return {
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
-            "rolling": cpu.LOAD_ROLES, "usage": aggregate,
+            "rolling": cpu.LOAD_ROLES, "usage": aggregate, "stop": aggregate,
         }  # fmt: skip
 
     @property
@@ -240,6 +240,13 @@ class VllmBackend(DynamoGpuBackend):
         return context, opening + rule.continuation(
             context + opening, shape.max_tokens - len(opening)
         )
+
+    def stop_text(self, api: str, shape, begins: int, ends: int) -> str | None:
+        """The built-in model's words `begins` to `ends` of its continuation, as the detokenized
+        text holds them (one space apart)."""
+        if not self.builds_model:
+            return None
+        return " ".join(rule.words(self.reference_tokens(api, shape)[1][begins:ends]))
 
     def top_logprobs(self, case) -> int:
         return tiny_model.TOP_LOGPROBS if self.builds_model else 0

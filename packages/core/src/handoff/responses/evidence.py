@@ -16,6 +16,7 @@ from handoff.client import Request, Response
 from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.policies import Outcome
+from handoff.responses import stops
 from handoff.verdict import request_problems
 
 
@@ -54,7 +55,8 @@ def judged(
     """One request against its promise: a request the fault `cut` ends as `outcome` says; any
     other completes whatever the policy, and is judged whole (`checked_content`)."""
     found = checked_content(request, response, owed, outcome.completes or not cut, backend, moved)
-    found.problems[:0] = request_problems(outcome, policy_name, response, request.max_tokens, cut)
+    tokens, finish = request.ends
+    found.problems[:0] = request_problems(outcome, policy_name, response, tokens, cut, finish)
     return found
 
 
@@ -82,7 +84,9 @@ def content(
     migration: continuity.Migration | None,
 ) -> continuity.Continuity:
     """A completed response's tokens, its text against what it owes, its guide, and after a
-    move its re-issued context."""
+    move its re-issued context; a stop request's by its own rule (`stops.check`)."""
+    if request.stop is not None:
+        return stops.check(request, response, owed.text, owed.compared_with, migration)
     kept = continuity.check(
         response,
         request.max_tokens,

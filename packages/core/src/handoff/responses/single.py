@@ -18,7 +18,7 @@ from handoff.history import History
 from handoff.machine.pace import Pace, paced, response_bound_s
 from handoff.policies import expected_outcome, known_defect
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import evidence, recovery
+from handoff.responses import evidence, recovery, stops
 from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,
@@ -105,7 +105,7 @@ def judged_once(run: CaseRun) -> Verdict:
     """One request, its fault and its verdict."""
     deployment, case, settings, deadline, history = run.parts
     transfer = TransferProof(deployment, case, history, deadline)  # before any request
-    planned = plan(deployment, case, deadline, history, run.variant)
+    planned = plan(deployment, case, deadline, history, run.variant, settings.in_flight_tokens)
     # Read now, so that only the case's own request counts, not the baseline's: the frontend
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
@@ -143,11 +143,17 @@ def judged_once(run: CaseRun) -> Verdict:
 
 
 def plan(
-    deployment: Deployment, case: Case, deadline: Deadline, history: History, variant: int
+    deployment: Deployment,
+    case: Case,
+    deadline: Deadline,
+    history: History,
+    variant: int,
+    in_flight_tokens: int,
 ) -> Planned:
-    """The case's request: its shape, its guide or choices by topology, sized to the engine's
-    pace where the backend asks (`Backend.output_seconds`), and the text it owes. A guided
-    request on an engine that decodes guides is first proven to keep its guide undisturbed."""
+    """The case's request: its shape, its guide, choices or stop string by topology, sized to
+    the engine's pace where the backend asks (`Backend.output_seconds`), and the text it owes.
+    A guided request on an engine that decodes guides is first proven to keep its guide
+    undisturbed. A stop string begins after the `in_flight_tokens` the client must see."""
     backend, where = deployment.backend, topology(case.topology)
     shape = backend.shape(case, variant)
     if where.request == "guided":
@@ -156,7 +162,8 @@ def plan(
         case.api, case.response == "stream", deployment.model_name, shape.prompt,
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
-        top_logprobs=backend.top_logprobs(case) if where.request != "choices" else 0,
+        # A stop request's tokens inside its string are held back from the client.
+        top_logprobs=backend.top_logprobs(case) if where.request not in ("choices", "stop") else 0,
         annotations=shape.annotations,
     )  # fmt: skip
     pace = None
@@ -166,9 +173,13 @@ def plan(
             deployment.base_url, request, workers, seconds, shape, deadline, history
         )
         request = replace(request, max_tokens=shape.max_tokens)
+    if where.request == "stop":
+        request = replace(request, stop=stops.planned(backend, case.api, shape, in_flight_tokens))
     owed = evidence.NO_TEXT
     if request.choices == 1:
         text = reference_text(deployment, case.api, shape, request, deadline, history)
+        if request.stop is not None:
+            text = stops.owed_before(text, request.stop)
         owed = evidence.owing(backend, request, shape, text)
     if shape.guide is not None and backend.decodes_guides:
         guide_kept(deployment, request, owed, deadline, history)
@@ -334,9 +345,10 @@ def judged(
         told, unseen = evidence.usage_problems(response, alone, counts.ongoing_request > 0)
         found += told
         kept.unproven += [unseen] if unseen else []
+    tokens, finish = planned.request.ends
     verdict = judge(
-        expected, case.policy, response, counts, fault, planned.shape.max_tokens, mode, found,
-        kept.unproven,
+        expected, case.policy, response, counts, fault, tokens, mode, found, kept.unproven,
+        finish,
     )  # fmt: skip
     verdict.notes = kept.notes
     return verdict

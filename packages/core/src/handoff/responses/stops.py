@@ -1,0 +1,85 @@
+"""A request that must end at a stop string whose match spans its move (the `stop` topology).
+
+Dynamo's frontend matches stop strings itself and holds back from the client whatever may be
+one's start, so the user sees only the text before the string: every token the new worker
+generates is inside it, and the match completing, at the count its end gives, is what shows
+they were right. The move must fall inside the match (after `Stop.begins` tokens), or the case
+proves nothing of it: that is "not proven", never a pass.
+"""
+
+from __future__ import annotations
+
+from handoff import continuity
+from handoff.backend import Backend, Shape
+from handoff.client import Request, Response, Stop
+from handoff.errors import HandoffError
+
+#: Tokens the request may still generate after its stop string's end: a response that misses
+#: its stop runs on to `max_tokens`, past the string, where the count and the finish show it.
+RUN_PAST = 16
+
+
+def planned(backend: Backend, api: str, shape: Shape, begins: int) -> Stop:
+    """The stop string of `shape`'s request: the reference output's tokens from `begins` (the
+    tokens the client must see before the fault) to `RUN_PAST` short of `max_tokens`."""
+    ends = shape.max_tokens - RUN_PAST
+    text = backend.stop_text(api, shape, begins, ends) if ends > begins else None
+    if text is None:
+        raise HandoffError(
+            f"backend {backend.name!r} cannot plan a stop string over tokens {begins}-{ends} of "
+            f"a {shape.max_tokens}-token output: a stop case needs the engine's output known "
+            f"in advance (Backend.stop_text)"
+        )
+    return Stop(text, begins, ends)
+
+
+def owed_before(reference: tuple[str | None, str], stop: Stop) -> tuple[str | None, str]:
+    """What a request owes with `stop`: the reference text before the string's first match."""
+    text, name = reference
+    if text is None:
+        return reference
+    if stop.text not in text:
+        raise HandoffError(f"the stop string is not in {name}: {stop.text[:40]!r}...")
+    return text[: text.index(stop.text)], f"{name} before its stop string"
+
+
+def check(
+    request: Request,
+    response: Response,
+    owed: str | None,
+    compared_with: str,
+    migration: continuity.Migration | None,
+) -> continuity.Continuity:
+    """A completed stop request: one finish reason, the text before the string as owed, and
+    the move inside the match, where the frontend's usage tells how many tokens it carried
+    (`usage.prompt_tokens` less the prompt: Dynamo 1.6.1 counts the re-issued context)."""
+    assert request.stop is not None
+    stop, found = request.stop, continuity.Continuity()
+    finishes = [c.choice["finish_reason"] for c in response.chunks if c.choice.get("finish_reason")]
+    if len(finishes) != 1:
+        found.problems.append(f"{len(finishes)} finish reasons in the response, expected 1")
+    if owed is None:
+        found.unproven.append("the text before the stop string is unknown: nothing to compare")
+    elif (at := continuity.first_divergence(owed, response.text)) is not None:
+        found.problems.append(
+            f"the text departs from {compared_with} at character {at}: "
+            f"{owed[at : at + 40]!r} expected, {response.text[at : at + 40]!r} received"
+        )
+    if migration is None or not migration.moved:
+        return found
+    told = (response.usage or {}).get("prompt_tokens")
+    if told is None:
+        found.unproven.append(
+            "where the move fell is unknown: the response's usage has no prompt_tokens"
+        )
+    elif (carried := told - migration.prompt_tokens) <= stop.begins:
+        found.unproven.append(
+            f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
+            f"its match did not span the move"
+        )
+    else:
+        found.notes.append(
+            f"the move carried {carried} tokens, inside the stop string (tokens "
+            f"{stop.begins + 1}-{stop.ends}): its match spanned the move and ended as owed"
+        )
+    return found

@@ -1,0 +1,107 @@
+"""responses.stops on recorded-shape responses: a stop request's text, finish and count, and
+where its move fell against the string (tests/vllm_cpu/test_wrong_contexts.py breaks a stop on
+the real engine)."""
+
+import pytest
+
+from handoff.client import Chunk, Request, Response, Stop
+from handoff.continuity import Migration
+from handoff.errors import HandoffError
+from handoff.responses import stops
+from handoff.verdict import completion_problems
+
+PROMPT = 10
+STOP = Stop("w5 w6 w7", begins=5, ends=8)
+REFERENCE = "".join(f" w{i}" for i in range(12))
+OWED, NAME = stops.owed_before((REFERENCE, "the reference"), STOP)
+REQUEST = Request("completion", True, "m", "p", 12, stop=STOP)
+
+
+def response(text: str = OWED, finishes: int = 1, prompt: int | None = PROMPT + 6) -> Response:
+    chunks = [Chunk(0.0, {"choices": [{"text": text, "finish_reason": None}]})]
+    chunks += [Chunk(0.0, {"choices": [{"text": "", "finish_reason": "stop"}]})] * finishes
+    usage = {"completion_tokens": STOP.ends} | ({} if prompt is None else {"prompt_tokens": prompt})
+    chunks.append(Chunk(0.0, {"choices": [], "usage": usage}))
+    return Response(status=200, chunks=chunks, done=True, streamed=True)
+
+
+def check(found: Response, moved: bool = True):
+    migration = Migration(PROMPT, 0.0, None, moved=moved)
+    return stops.check(REQUEST, found, OWED, NAME, migration)
+
+
+def test_the_owed_text_ends_before_the_string_and_the_request_sends_it_without_ignore_eos():
+    assert OWED == " w0 w1 w2 w3 w4 "
+    assert NAME == "the reference before its stop string"
+    body = REQUEST.body()
+    assert body["stop"] == ["w5 w6 w7"] and body["ignore_eos"] is False
+    assert REQUEST.ends == (8, "stop")
+    assert Request("completion", True, "m", "p", 12).ends == (12, "length")
+
+
+def test_a_move_inside_the_string_with_the_owed_text_passes_with_a_note():
+    found = check(response())
+    assert found.problems == [] and found.unproven == []
+    assert found.notes == [
+        "the move carried 6 tokens, inside the stop string (tokens 6-8): its match spanned "
+        "the move and ended as owed"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", [OWED + "w5 w6 w7 w8", OWED.rstrip(), " w0 w1 w9 w3 w4 ", " w0 w1 w2 w3 w4 w5"]
+)
+def test_any_other_text_fails_where_it_departs(text):
+    (problem,) = check(response(text)).problems
+    assert problem.startswith("the text departs from the reference before its stop string at ")
+
+
+def test_a_response_that_ran_past_its_stop_fails_by_finish_and_count():
+    ran_on = Response(
+        status=200,
+        chunks=[
+            Chunk(0.0, {"choices": [{"text": REFERENCE, "finish_reason": "length"}]}),
+            Chunk(0.0, {"choices": [], "usage": {"completion_tokens": 12}}),
+        ],
+        done=True,
+        streamed=True,
+    )
+    assert completion_problems(ran_on, *REQUEST.ends) == [
+        "finish_reason 'length', expected 'stop'",
+        "12 completion tokens in usage, expected 8",
+    ]
+
+
+def test_two_finish_reasons_fail():
+    assert check(response(finishes=2)).problems == ["2 finish reasons in the response, expected 1"]
+
+
+@pytest.mark.parametrize("carried", [0, 3, 5])
+def test_a_move_before_the_string_began_is_not_proven(carried):
+    found = check(response(prompt=PROMPT + carried))
+    assert found.problems == []
+    assert found.unproven == [
+        f"the move carried {carried} tokens, the stop string begins after 5: its match did "
+        f"not span the move"
+    ]
+
+
+def test_a_move_whose_place_is_unknown_is_not_proven():
+    assert check(response(prompt=None)).unproven == [
+        "where the move fell is unknown: the response's usage has no prompt_tokens"
+    ]
+
+
+def test_no_move_leaves_the_counters_to_judge():
+    found = check(response(), moved=False)
+    assert (found.problems, found.unproven, found.notes) == ([], [], [])
+
+
+def test_a_stop_string_outside_the_reference_is_an_error():
+    with pytest.raises(HandoffError, match="the stop string is not in the reference"):
+        stops.owed_before((REFERENCE, "the reference"), Stop("w99", 1, 2))
+
+
+def test_an_unknown_owed_text_is_not_proven():
+    found = stops.check(REQUEST, response(), None, NAME, Migration(PROMPT, 0.0, None))
+    assert found.unproven == ["the text before the stop string is unknown: nothing to compare"]
