@@ -91,7 +91,7 @@ PUBLISHED_PRE_MERGE = {
     "guided": ["migration_enabled-worker_failure-chat-stream-nats"],
     "choices": [],
     "usage": [],
-    "stop": [],
+    "stop": ["worker_failure-chat-stream-nats"],
     "abandoned": [
         "client_close-chat-nats",
         "close_after_move-completion-tcp",
