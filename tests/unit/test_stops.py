@@ -5,7 +5,7 @@ the real engine)."""
 import pytest
 
 from handoff.client import Chunk, Request, Response, Stop
-from handoff.continuity import Migration
+from handoff.continuity import Migration, Takeover
 from handoff.errors import HandoffError
 from handoff.responses import stops
 from handoff.verdict import completion_problems
@@ -25,9 +25,13 @@ def response(text: str = OWED, finishes: int = 1, prompt: int | None = PROMPT + 
     return Response(status=200, chunks=chunks, done=True, streamed=True)
 
 
-def check(found: Response, moved: bool = True):
-    migration = Migration(PROMPT, 0.0, None, moved=moved)
-    return stops.check(REQUEST, found, OWED, NAME, migration)
+TAKEN = Takeover("worker-1-aggregate", 1.0)
+
+
+def check(found: Response, moved: bool = True, **migration):
+    migration = {"prompt_tokens": PROMPT, "takeover": TAKEN} | migration
+    moving = Migration(fault_at=0.0, moved=moved, **migration)
+    return stops.check(REQUEST, found, OWED, NAME, moving)
 
 
 def test_the_owed_text_ends_before_the_string_and_the_request_sends_it_without_ignore_eos():
@@ -103,5 +107,38 @@ def test_a_stop_string_outside_the_reference_is_an_error():
 
 
 def test_an_unknown_owed_text_is_not_proven():
-    found = stops.check(REQUEST, response(), None, NAME, Migration(PROMPT, 0.0, None))
+    found = stops.check(REQUEST, response(), None, NAME, Migration(PROMPT, 0.0, TAKEN))
     assert found.unproven == ["the text before the stop string is unknown: nothing to compare"]
+
+
+def test_a_prompt_the_frontend_did_not_count_is_not_proven():
+    """A metric gone (read as 0) would make the whole usage look carried."""
+    assert check(response(), prompt_tokens=0).unproven == [
+        "where the move fell is unknown: the frontend counted 0 prompt tokens"
+    ]
+
+
+def test_a_move_no_other_worker_received_fails():
+    assert check(response(), takeover=None).problems == [
+        "the frontend counted a move that carried 6 tokens, but no worker but the faulted one "
+        "logged receiving the request"
+    ]
+
+
+def test_a_move_after_the_whole_string_fails():
+    assert check(response(prompt=PROMPT + 8)).problems == [
+        "the move carried 8 tokens, the whole stop string (8): the faulted worker had ended "
+        "it, and the response should have stopped before the fault"
+    ]
+
+
+def test_tokens_received_before_the_fault_and_lost_from_the_context_fail():
+    (problem,) = check(response(), carried_at_least=7).problems
+    assert problem.endswith("1 lost at the migration")
+
+
+def test_an_id_changed_mid_stream_fails():
+    changed = response()
+    changed.chunks[0].data["id"] = "one"
+    changed.chunks[1].data["id"] = "two"
+    assert check(changed).problems[0].startswith("the response changed its id mid-stream")

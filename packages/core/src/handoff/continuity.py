@@ -121,6 +121,18 @@ class Boundary:
     why: str
 
 
+def framing_problems(response: Response) -> list[str]:
+    """One id for every frame, and one finish reason."""
+    problems, frames = [], response.chunks
+    named = {c.data.get("id") for c in frames}
+    if len(named) > 1:
+        problems.append(f"the response changed its id mid-stream: {sorted(map(str, named))}")
+    finishes = [c.choice.get("finish_reason") for c in frames if c.choice.get("finish_reason")]
+    if len(finishes) != 1:
+        problems.append(f"{len(finishes)} finish reasons in the response, expected 1")
+    return problems
+
+
 def check(
     response: Response,
     max_tokens: int,
@@ -136,14 +148,7 @@ def check(
     """Continuity of a completed `response` (status 200, no error frame); with `migration`,
     its re-issued context too (`ids`: the token ids of output text, where the backend tells;
     `origin`: the worker each names, where the backend's tokens tell it)."""
-    result = Continuity()
-    frames = response.chunks
-    named = {c.data.get("id") for c in frames}
-    if len(named) > 1:
-        result.problems.append(f"the response changed its id mid-stream: {sorted(map(str, named))}")
-    finishes = [c.choice.get("finish_reason") for c in frames if c.choice.get("finish_reason")]
-    if len(finishes) != 1:
-        result.problems.append(f"{len(finishes)} finish reasons in the response, expected 1")
+    result = Continuity(problems=framing_problems(response))
     result.problems += token_problems(
         response, max_tokens, count, result.notes, one_token_per_frame
     )

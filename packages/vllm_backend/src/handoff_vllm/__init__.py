@@ -146,7 +146,8 @@ class VllmBackend(DynamoGpuBackend):
         return {
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
-            "rolling": cpu.LOAD_ROLES, "usage": aggregate, "stop": aggregate,
+            "rolling": cpu.LOAD_ROLES, "usage": aggregate,
+            **({"stop": aggregate} if self.builds_model else {}),
         }  # fmt: skip
 
     @property
@@ -154,7 +155,9 @@ class VllmBackend(DynamoGpuBackend):
         """Why not, by topology, on the device chosen."""
         prefill = "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         not_built = cpu.NOT_RUN if self.on_cpu else NOT_BUILT_ON_GPUS
-        return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built}
+        own_model = self.on_cpu and not self.builds_model
+        stop = {"stop": cpu.STOP_NEEDS_THE_RULE} if own_model else {}
+        return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built, **stop}
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]

@@ -77,6 +77,12 @@ NICENESS = 10
 #: case's requests must outlast its 6 s: in float32 (`FLAGS`) a worker decodes 200-220 tokens
 #: a second, and 512 tokens ended before the fault.
 CONTEXT_TOKENS = 4096
+#: Why a `model_path` of the user's own runs no `stop` case.
+STOP_NEEDS_THE_RULE = (
+    "a stop string across the move is planned over the output known in advance: handoff's own "
+    "model computes it, a model of `model_path` does not"
+)
+
 OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 1536, "guided": 512,
     "abandoned": 512, "decode_race": 1536, "engine_core": 512, "join": 1536,

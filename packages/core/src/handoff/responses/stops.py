@@ -50,14 +50,10 @@ def check(
     compared_with: str,
     migration: continuity.Migration | None,
 ) -> continuity.Continuity:
-    """A completed stop request: one finish reason, the text before the string as owed, and
-    the move inside the match, where the frontend's usage tells how many tokens it carried
-    (`usage.prompt_tokens` less the prompt: Dynamo 1.6.1 counts the re-issued context)."""
+    """A completed stop request: one id and one finish reason, the text before the string as
+    owed, and after a move its place inside the match (`where_it_moved`)."""
     assert request.stop is not None
-    stop, found = request.stop, continuity.Continuity()
-    finishes = [c.choice["finish_reason"] for c in response.chunks if c.choice.get("finish_reason")]
-    if len(finishes) != 1:
-        found.problems.append(f"{len(finishes)} finish reasons in the response, expected 1")
+    found = continuity.Continuity(problems=continuity.framing_problems(response))
     if owed is None:
         found.unproven.append("the text before the stop string is unknown: nothing to compare")
     elif (at := continuity.first_divergence(owed, response.text)) is not None:
@@ -65,21 +61,48 @@ def check(
             f"the text departs from {compared_with} at character {at}: "
             f"{owed[at : at + 40]!r} expected, {response.text[at : at + 40]!r} received"
         )
-    if migration is None or not migration.moved:
-        return found
-    told = (response.usage or {}).get("prompt_tokens")
-    if told is None:
-        found.unproven.append(
-            "where the move fell is unknown: the response's usage has no prompt_tokens"
+    if migration is not None and migration.moved:
+        where_it_moved(response, request.stop, migration, found)
+    return found
+
+
+def where_it_moved(
+    response: Response, stop: Stop, migration: continuity.Migration, found: continuity.Continuity
+) -> None:
+    """The tokens the move carried, as the frontend tells them (`usage.prompt_tokens` less the
+    prompt it counted: Dynamo 1.6.1 counts the re-issued context there), inside the match: the
+    string begun before the move and not yet ended. A reading missing is not proven; a context
+    shorter than what the frontend had received, or one no other worker received, fails as in
+    every other topology (`continuity.too_few_carried`)."""
+    told, prompt = (response.usage or {}).get("prompt_tokens"), migration.prompt_tokens
+    if told is None or prompt <= 0:
+        missing = (
+            "the response's usage has no prompt_tokens"
+            if told is None
+            else (f"the frontend counted {prompt} prompt tokens")
         )
-    elif (carried := told - migration.prompt_tokens) <= stop.begins:
+        found.unproven.append(f"where the move fell is unknown: {missing}")
+        return
+    carried = told - prompt
+    if too_few := continuity.too_few_carried(told, migration):
+        found.problems += too_few
+    elif migration.takeover is None:
+        found.problems.append(
+            f"the frontend counted a move that carried {carried} tokens, but no worker but the "
+            f"faulted one logged receiving the request"
+        )
+    elif carried <= stop.begins:
         found.unproven.append(
             f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
             f"its match did not span the move"
+        )
+    elif carried >= stop.ends:
+        found.problems.append(
+            f"the move carried {carried} tokens, the whole stop string ({stop.ends}): the "
+            f"faulted worker had ended it, and the response should have stopped before the fault"
         )
     else:
         found.notes.append(
             f"the move carried {carried} tokens, inside the stop string (tokens "
             f"{stop.begins + 1}-{stop.ends}): its match spanned the move and ended as owed"
         )
-    return found
