@@ -214,20 +214,29 @@ def send_and_prove(
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
     transfer.count_early()
     metrics_url = deployment.base_url + "/metrics"
-    if request.stream:
+    needed = settings.in_flight_tokens
+    if not frontend_counted(request):
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
         model, start = deployment.model_name, before.output_tokens
         tokens_seen = lambda: metrics.frontend_output_tokens(metrics_url, model) - start  # noqa: E731
         what = "tokens received by the frontend"
+        # Past the stop string's first token (the client sees none of it): every token the
+        # frontend holds is in the re-issued context, so the move falls inside the match.
+        needed += request.stop is not None
     proof = faults.prove_in_flight(
-        backend, holder, inflight, tokens_seen, where.fault_window, settings.in_flight_tokens,
-        what, deadline,
-    )  # fmt: skip
+        backend, holder, inflight, tokens_seen, where.fault_window, needed, what, deadline
+    )
     history.record("in_flight_proven", how=proof)
     sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
     sent.evidence = tuple(transfer.evidence())
     return sent
+
+
+def frontend_counted(request: Request) -> bool:
+    """Whether the request is proven in flight by the tokens the frontend received, not by the
+    client's chunks: a unary response, and a stop request, whose string the frontend holds."""
+    return not request.stream or request.stop is not None
 
 
 def response_deadline(
@@ -272,10 +281,11 @@ def silence_after(
     case: Case, sent: Sent, settings: Settings, faulted_at: float, history: History
 ) -> Silence | None:
     """How long a stream may stay quiet after its fault, from its own first token; none for a
-    unary response or a fault before the first token (the whole response's bound holds)."""
+    unary response, a stop request's (the frontend holds its string back to the end) or a
+    fault before the first token (the whole response's bound holds)."""
     response = sent.inflight.response
     first = next((c.at for c in response.chunks if c.text and c.at <= faulted_at), None)
-    if not sent.inflight.request.stream or first is None:
+    if frontend_counted(sent.inflight.request) or first is None:
         return None
     silence = Silence.after(case, settings, first - sent.sent_at, faulted_at)
     history.record("silence_bound", seconds=silence.seconds)
@@ -328,7 +338,7 @@ def judged(
         # as the re-issued context there (the other topologies read it so).
         lambda: None if judges_usage else evidence.migration_evidence(
             deployment, case, planned.request, sent.holder, response, prompt, counts.moves > 0,
-            history, 0 if planned.request.stream else sent.seen,
+            history, sent.seen if frontend_counted(planned.request) else 0,
         ),
     )  # fmt: skip
     if kept.problems or kept.notes or kept.unproven:
