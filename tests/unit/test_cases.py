@@ -92,6 +92,7 @@ PUBLISHED_PRE_MERGE = {
     "choices": [],
     "usage": [],
     "stop": ["worker_failure-chat-stream-nats"],
+    "stop_after": [],
     "abandoned": [
         "client_close-chat-nats",
         "close_after_move-completion-tcp",

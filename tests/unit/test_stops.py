@@ -47,8 +47,7 @@ def test_a_move_inside_the_string_with_the_owed_text_passes_with_a_note():
     found = check(response())
     assert found.problems == [] and found.unproven == []
     assert found.notes == [
-        "the move carried 6 tokens, inside the stop string (tokens 6-8): its match spanned "
-        "the move and ended as owed"
+        "the move carried 6 tokens, inside the stop string (tokens 6-8): its match ended as owed"
     ]
 
 
@@ -142,3 +141,16 @@ def test_an_id_changed_mid_stream_fails():
     changed.chunks[0].data["id"] = "one"
     changed.chunks[1].data["id"] = "two"
     assert check(changed).problems[0].startswith("the response changed its id mid-stream")
+
+
+AFTER = Stop("w5 w6 w7", begins=5, ends=8, spans=False)
+
+
+@pytest.mark.parametrize(("carried", "where"), [(3, "notes"), (5, "unproven"), (6, "unproven")])
+def test_a_string_after_the_move_needs_the_move_before_it(carried, where):
+    after = Request("completion", True, "m", "p", 12, stop=AFTER)
+    moving = Migration(PROMPT, 0.0, TAKEN)
+    found = stops.check(after, response(prompt=PROMPT + carried), OWED, NAME, moving)
+    assert found.problems == [] and len(getattr(found, where)) == 1, found
+    if where == "notes":
+        assert found.notes[0].startswith("the move carried 3 tokens, before the stop string")

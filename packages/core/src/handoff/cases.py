@@ -181,8 +181,8 @@ class Topology:
     #: holds the most of them (handoff.load).
     load: bool = False
     #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
-    #: "usage" (a plain request whose usage after the move is judged too), or "stop" (one with
-    #: a stop string across the move: `responses.stops`).
+    #: "usage" (a plain request whose usage after the move is judged too), or "stop" and
+    #: "stop_after" (one with a stop string across or after the move: `responses.stops`).
     request: str = "plain"
     #: The silent worker runs again the instant the frontend counts the move, and the lifecycle
     #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
@@ -397,6 +397,16 @@ STOP = replace(
     pre_merge_ids=("worker_failure-chat-stream-nats",),
     pre_merge_promise=Promise(values_of=(("fault", ("worker_failure",)),)),
     request="stop",
+)
+
+#: The same request with its stop string wholly after the move, from the output's middle: the
+#: new worker's tokens before it reach the user and are compared too. Nightly only.
+STOP_AFTER = replace(
+    STOP,
+    name="stop_after",
+    pre_merge_ids=(),
+    pre_merge_promise=Promise(),
+    request="stop_after",
 )
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
@@ -626,6 +636,7 @@ TOPOLOGIES: dict[str, Topology] = {
         ),
         USAGE,
         STOP,
+        STOP_AFTER,
         ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.

@@ -70,11 +70,13 @@ class Guide:
 class Stop:
     """A stop string the output must end at: the frontend stops the response once `text` has
     been generated, `ends` tokens in, and gives the user what came before it, the first
-    `begins` tokens (the string excluded, OpenAI's rule)."""
+    `begins` tokens (the string excluded, OpenAI's rule). `spans`: its match must span the
+    request's move; else the string lies wholly after it."""
 
     text: str
     begins: int
     ends: int
+    spans: bool = True
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,14 @@ def timing_of(case: Case) -> Timing:
 WORKER_NICENESS = 10
 
 
+#: Why the stop cases run on vLLM's CPU engine only.
+NOT_THE_REST = (
+    "the mocker's new worker emits its own output, not the rest of the first one's: a stop "
+    "string planned over the output could never match after the move: qualified on vLLM's CPU "
+    "engine"
+)
+
+
 class MockerBackend(Backend):
     name = "mocker"
     version = version("handoff-mocker")
@@ -172,8 +180,8 @@ class MockerBackend(Backend):
         "engine",
         "engine_core": "the mocker's engine runs inside its worker process: there is no engine "
         "core apart from the worker to kill (worker_failure kills both)",
-        "stop": "the mocker's new worker emits its own output, not the rest of the first one's: "
-        "a stop string across the move could never match: qualified on vLLM's CPU engine",
+        "stop": NOT_THE_REST,
+        "stop_after": NOT_THE_REST,
     }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every

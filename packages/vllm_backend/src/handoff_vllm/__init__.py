@@ -147,7 +147,7 @@ class VllmBackend(DynamoGpuBackend):
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
             "rolling": cpu.LOAD_ROLES, "usage": aggregate,
-            **({"stop": aggregate} if self.builds_model else {}),
+            **({"stop": aggregate, "stop_after": aggregate} if self.builds_model else {}),
         }  # fmt: skip
 
     @property
@@ -156,7 +156,8 @@ class VllmBackend(DynamoGpuBackend):
         prefill = "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         not_built = cpu.NOT_RUN if self.on_cpu else NOT_BUILT_ON_GPUS
         own_model = self.on_cpu and not self.builds_model
-        stop = {"stop": cpu.STOP_NEEDS_THE_RULE} if own_model else {}
+        stops = ("stop", "stop_after")
+        stop = dict.fromkeys(stops, cpu.STOP_NEEDS_THE_RULE) if own_model else {}
         return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built, **stop}
 
     @property

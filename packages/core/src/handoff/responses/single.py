@@ -142,6 +142,13 @@ def judged_once(run: CaseRun) -> Verdict:
     return found
 
 
+#: The topologies whose request carries a stop string (`responses.stops`): across the move, after.
+STOPS = ("stop", "stop_after")
+#: Requests that ask for no log-probabilities: several choices, and a stop string's, whose
+#: tokens inside the string never reach the client.
+CHOICES_OR_STOPS = ("choices", *STOPS)
+
+
 def plan(
     deployment: Deployment,
     case: Case,
@@ -163,7 +170,7 @@ def plan(
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
         # A stop request's tokens inside its string are held back from the client.
-        top_logprobs=backend.top_logprobs(case) if where.request not in ("choices", "stop") else 0,
+        top_logprobs=backend.top_logprobs(case) if where.request not in CHOICES_OR_STOPS else 0,
         annotations=shape.annotations,
     )  # fmt: skip
     pace = None
@@ -173,8 +180,10 @@ def plan(
             deployment.base_url, request, workers, seconds, shape, deadline, history
         )
         request = replace(request, max_tokens=shape.max_tokens)
-    if where.request == "stop":
-        request = replace(request, stop=stops.planned(backend, case.api, shape, in_flight_tokens))
+    if where.request in STOPS:
+        spans = where.request == "stop"
+        planned_stop = stops.planned(backend, case.api, shape, in_flight_tokens, spans)
+        request = replace(request, stop=planned_stop)
     owed = evidence.NO_TEXT
     if request.choices == 1:
         text = reference_text(deployment, case.api, shape, request, deadline, history)
@@ -223,7 +232,7 @@ def send_and_prove(
         what = "tokens received by the frontend"
         # Past the stop string's first token (the client sees none of it): every token the
         # frontend holds is in the re-issued context, so the move falls inside the match.
-        needed += request.stop is not None
+        needed += spanning(request)
     proof = faults.prove_in_flight(
         backend, holder, inflight, tokens_seen, where.fault_window, needed, what, deadline
     )
@@ -235,8 +244,13 @@ def send_and_prove(
 
 def frontend_counted(request: Request) -> bool:
     """Whether the request is proven in flight by the tokens the frontend received, not by the
-    client's chunks: a unary response, and a stop request, whose string the frontend holds."""
-    return not request.stream or request.stop is not None
+    client's chunks: a unary response, and a stop request whose string begins before the
+    fault: the frontend holds it back."""
+    return not request.stream or spanning(request)
+
+
+def spanning(request: Request) -> bool:
+    return request.stop is not None and request.stop.spans
 
 
 def response_deadline(
@@ -285,7 +299,8 @@ def silence_after(
     fault before the first token (the whole response's bound holds)."""
     response = sent.inflight.response
     first = next((c.at for c in response.chunks if c.text and c.at <= faulted_at), None)
-    if frontend_counted(sent.inflight.request) or first is None:
+    request = sent.inflight.request
+    if not request.stream or request.stop is not None or first is None:
         return None
     silence = Silence.after(case, settings, first - sent.sent_at, faulted_at)
     history.record("silence_bound", seconds=silence.seconds)

@@ -1,10 +1,12 @@
-"""A request that must end at a stop string whose match spans its move (the `stop` topology).
+"""A request that must end at a stop string across its move (the `stop` topology) or wholly
+after it (`stop_after`).
 
 Dynamo's frontend matches stop strings itself and holds back from the client whatever may be
-one's start, so the user sees only the text before the string: every token the new worker
-generates is inside it, and the match completing, at the count its end gives, is what shows
-they were right. The move must fall inside the match (after `Stop.begins` tokens), or the case
-proves nothing of it: that is "not proven", never a pass.
+one's start, so the user sees only the text before the string. Across the move, every token
+the new worker generates is inside the string, and the match completing, at the count its end
+gives, is what shows they were right; after it, the new worker's tokens before the string are
+compared too. The move must fall where the case says (inside the match, or before the string),
+or the case proves nothing of it: that is "not proven", never a pass.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from handoff.errors import HandoffError
 RUN_PAST = 16
 
 
-def planned(backend: Backend, api: str, shape: Shape, begins: int) -> Stop:
-    """The stop string of `shape`'s request: the reference output's tokens from `begins` (the
-    tokens the client must see before the fault) to `RUN_PAST` short of `max_tokens`."""
+def planned(backend: Backend, api: str, shape: Shape, in_flight_tokens: int, spans: bool) -> Stop:
+    """The stop string of `shape`'s request, to `RUN_PAST` short of `max_tokens`: from the
+    reference output's token after the `in_flight_tokens` the client must see before the
+    fault where it `spans` the move; else from the output's middle, far after the fault."""
     ends = shape.max_tokens - RUN_PAST
+    begins = in_flight_tokens if spans else shape.max_tokens // 2
     text = backend.stop_text(api, shape, begins, ends) if ends > begins else None
     if text is None:
         raise HandoffError(
@@ -30,7 +34,7 @@ def planned(backend: Backend, api: str, shape: Shape, begins: int) -> Stop:
             f"a {shape.max_tokens}-token output: a stop case needs the engine's output known "
             f"in advance (Backend.stop_text)"
         )
-    return Stop(text, begins, ends)
+    return Stop(text, begins, ends, spans)
 
 
 def owed_before(reference: tuple[str | None, str], stop: Stop) -> tuple[str | None, str]:
@@ -91,10 +95,15 @@ def where_it_moved(
             f"the frontend counted a move that carried {carried} tokens, but no worker but the "
             f"faulted one logged receiving the request"
         )
-    elif carried <= stop.begins:
+    elif stop.spans and carried <= stop.begins:
         found.unproven.append(
             f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
             f"its match did not span the move"
+        )
+    elif not stop.spans and carried >= stop.begins:
+        found.unproven.append(
+            f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
+            f"the move did not come before it"
         )
     elif carried >= stop.ends:
         found.problems.append(
@@ -102,7 +111,8 @@ def where_it_moved(
             f"faulted worker had ended it, and the response should have stopped before the fault"
         )
     else:
+        where = "inside the stop string" if stop.spans else "before the stop string"
         found.notes.append(
-            f"the move carried {carried} tokens, inside the stop string (tokens "
-            f"{stop.begins + 1}-{stop.ends}): its match spanned the move and ended as owed"
+            f"the move carried {carried} tokens, {where} (tokens {stop.begins + 1}-"
+            f"{stop.ends}): its match ended as owed"
         )
