@@ -408,6 +408,8 @@ STOP_AFTER = replace(
     pre_merge_promise=Promise(),
     request="stop_after",
 )
+#: The topologies whose request carries a stop string (`responses.stops`).
+STOPS = (STOP.name, STOP_AFTER.name)
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
 ABANDONED = Topology(

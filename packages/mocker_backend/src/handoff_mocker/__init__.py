@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape, Worker
-from handoff.cases import ABANDONS, KILLS, Case, topology
+from handoff.cases import ABANDONS, KILLS, STOPS, Case, topology
 from handoff.client import Annotations
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
@@ -180,8 +180,7 @@ class MockerBackend(Backend):
         "engine",
         "engine_core": "the mocker's engine runs inside its worker process: there is no engine "
         "core apart from the worker to kill (worker_failure kills both)",
-        "stop": NOT_THE_REST,
-        "stop_after": NOT_THE_REST,
+        **dict.fromkeys(STOPS, NOT_THE_REST),
     }
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, VLLM_RUNNING, Model
-from handoff.cases import ABANDONS, ENGINE, KILLS, Restriction, topology
+from handoff.cases import ABANDONS, ENGINE, KILLS, STOPS, Restriction, topology
 from handoff.client import Guide
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
@@ -147,7 +147,7 @@ class VllmBackend(DynamoGpuBackend):
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
             "rolling": cpu.LOAD_ROLES, "usage": aggregate,
-            **({"stop": aggregate, "stop_after": aggregate} if self.builds_model else {}),
+            **(dict.fromkeys(STOPS, aggregate) if self.builds_model else {}),
         }  # fmt: skip
 
     @property
@@ -156,8 +156,7 @@ class VllmBackend(DynamoGpuBackend):
         prefill = "Dynamo's own vLLM prefill migration tests are N/A (an xfail), and "
         not_built = cpu.NOT_RUN if self.on_cpu else NOT_BUILT_ON_GPUS
         own_model = self.on_cpu and not self.builds_model
-        stops = ("stop", "stop_after")
-        stop = dict.fromkeys(stops, cpu.STOP_NEEDS_THE_RULE) if own_model else {}
+        stop = dict.fromkeys(STOPS, cpu.STOP_NEEDS_THE_RULE) if own_model else {}
         return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built, **stop}
 
     @property

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from handoff import faults, metrics
 from handoff.backend import Backend, Shape, Worker
-from handoff.cases import PAST_LEASE, SILENT, Case, topology
+from handoff.cases import PAST_LEASE, SILENT, STOPS, Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
@@ -142,8 +142,6 @@ def judged_once(run: CaseRun) -> Verdict:
     return found
 
 
-#: The topologies whose request carries a stop string (`responses.stops`): across the move, after.
-STOPS = ("stop", "stop_after")
 #: Requests that ask for no log-probabilities: several choices, and a stop string's, whose
 #: tokens inside the string never reach the client.
 CHOICES_OR_STOPS = ("choices", *STOPS)

@@ -80,11 +80,9 @@ def where_it_moved(
     every other topology (`continuity.too_few_carried`)."""
     told, prompt = (response.usage or {}).get("prompt_tokens"), migration.prompt_tokens
     if told is None or prompt <= 0:
-        missing = (
-            "the response's usage has no prompt_tokens"
-            if told is None
-            else (f"the frontend counted {prompt} prompt tokens")
-        )
+        missing = "the response's usage has no prompt_tokens"
+        if told is not None:
+            missing = f"the frontend counted {prompt} prompt tokens"
         found.unproven.append(f"where the move fell is unknown: {missing}")
         return
     carried = told - prompt
