@@ -2,8 +2,9 @@
 mocker workers: a joiner that is listed but does not serve fails the case, and one that joins
 only after every stream has ended leaves the case not proven."""
 
-import signal
-import threading
+import os
+from dataclasses import replace
+from pathlib import Path
 
 from handoff import runner
 from handoff.cases import Case
@@ -16,6 +17,7 @@ from handoff_mocker import MockerBackend
 JOIN = Case.from_id("migration_enabled-worker_failure-chat-nats", "join")
 SETTINGS = Settings(keep_logs=True)
 TIMEOUT_S = 90
+HELD = Path(__file__).resolve().parents[1] / "held_worker"
 
 
 def test_a_joiner_listed_but_frozen_fails_the_case(tmp_path, monkeypatch):
@@ -39,33 +41,47 @@ def test_a_joiner_listed_but_frozen_fails_the_case(tmp_path, monkeypatch):
     assert any("did not join mid-stream" in u for u in result.verdict.unproven)
 
 
+def opened(fifo: Path) -> tuple[int | None, str]:
+    """The FIFO opened for writing, once a reader waits on it."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), ""
+    except OSError as exc:
+        return None, str(exc)
+
+
 def test_a_joiner_listed_after_every_stream_ended_is_not_proven(tmp_path, monkeypatch):
-    """The joiner is held (SIGSTOP) from its start until every request of the case has ended,
-    as a replacement slower to start than the requests last: the case did not show a join
-    mid-stream, and says so as not proven."""
-    add_worker, held = Pool.add_worker, []
+    """The joiner is held before any of it runs (tests/held_worker) until every request of the
+    case has ended, as a replacement slower to start than the requests last: the case did not
+    show a join mid-stream, and says so as not proven."""
+    gate = tmp_path / "joiner-held"
+    os.mkfifo(gate)
+    add_worker, launch, held = Pool.add_worker, MockerBackend.worker, []
 
     def held_until_the_load_ends(self, role):
-        worker = add_worker(self, role)
-        worker.process.freeze(Deadline(10))
+        monkeypatch.setattr(MockerBackend, "worker", held_launch)
+        try:
+            worker = add_worker(self, role)
+        finally:
+            monkeypatch.setattr(MockerBackend, "worker", launch)
         held.append(worker)
-        threading.Thread(target=thaw_after_the_load, args=(worker,), daemon=True).start()
         return worker
 
-    ended = threading.Event()
+    def held_launch(self, *args):
+        plain = launch(self, *args)
+        path = os.pathsep.join(filter(None, [str(HELD), os.environ.get("PYTHONPATH")]))
+        env = {**plain.env, "PYTHONPATH": path, "HANDOFF_HELD_UNTIL": str(gate)}
+        return replace(plain, env=env)
+
     problems = joining.Joiner.problems
 
-    def thaw_after_the_load(worker):
-        poll_until(lambda: (True if ended.is_set() else None, "open"), Deadline(60), "the load")
-        worker.process.signal_tree(signal.SIGCONT)
-
-    def problems_after_the_thaw(self, *args):
-        ended.set()
-        poll_until(lambda: (self.listed_at, self.seen), Deadline(30), "the thawed joiner listed")
+    def problems_after_the_release(self, *args):
+        # Every request has ended: let the joiner start, once it waits at the gate.
+        os.close(poll_until(lambda: opened(gate), Deadline(30), "the joiner at its gate"))
+        poll_until(lambda: (self.listed_at, self.seen), Deadline(30), "the released joiner listed")
         return problems(self, *args)
 
     monkeypatch.setattr(Pool, "add_worker", held_until_the_load_ends)
-    monkeypatch.setattr(joining.Joiner, "problems", problems_after_the_thaw)
+    monkeypatch.setattr(joining.Joiner, "problems", problems_after_the_release)
     result = runner.run_case(MockerBackend(), JOIN, tmp_path, SETTINGS, TIMEOUT_S)
     assert held and not result.verdict.passed
     # Not proven alone fails it: the late joiner serves once the load is over.

@@ -285,7 +285,7 @@ def test_a_failed_case_discards_its_pool_and_keeps_every_log(pools, tmp_path):
     name = ready(failed)["pool"]
     kept = tmp_path / "failed" / f"pool-{name}"
     logs = sorted(p.name for p in kept.glob("*.log"))
-    assert logs and all(n.startswith(("worker-", "nats")) for n in logs)
+    assert logs and all(n.startswith(("worker-", "nats", "preloader")) for n in logs)
     assert (tmp_path / "failed" / "frontend.log").exists()
     assert any(e.name == "pool_discarded" for e in failed.history.events)
 

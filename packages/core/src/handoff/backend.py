@@ -136,6 +136,11 @@ class Backend(ABC):
     #: The process title of the engine's core where it runs as a child process of the worker
     #: (vLLM's `VLLM::EngineCore`): the engine_core cases kill it alone. None: no such process.
     engine_core: ClassVar[str | None] = None
+    #: The modules its workers run (`python -m`) -> the module whose import is most of their
+    #: start: a pool forks such workers from an interpreter that imported it once
+    #: (`handoff.machine.preload`). Only for a module that is safe to fork after its import (no
+    #: thread, no connection, no device opened by importing it).
+    preloaded: ClassVar[Mapping[str, str]] = {}
     migration_counts: Literal["exact", "lower_bound"] = "exact"
     #: The CPUs one case keeps busy on average: cases share the machine's CPU slots by it.
     cpus_per_case: ClassVar[float] = 1.0

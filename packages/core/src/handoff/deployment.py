@@ -147,7 +147,11 @@ class Deployment:
             self.http_port, self.model, self.case.plane, self.policy
         )
         self.frontend = ManagedProcess(
-            name, command, {**self.pool.env, **env}, self.folder / f"{name}.log"
+            name,
+            command,
+            {**self.pool.env, **env},
+            self.folder / f"{name}.log",
+            preloader=self.pool.preloader,
         )
         self.frontend.start()
         self._wait_ready(deadline)

@@ -29,6 +29,7 @@ A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case an
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 from collections import Counter
@@ -44,6 +45,7 @@ from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import registrations, services
 from handoff.machine.ports import PortLeases, bindable, listener
+from handoff.machine.preload import Preloader
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.wallclock import WallClock
 from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
@@ -103,6 +105,8 @@ class Pool:
         self.env: dict[str, str] = {}
         self.nats_port: int | None = None
         self.nats: ManagedProcess | None = None
+        #: The warm interpreter the pool's Dynamo processes are forked from.
+        self.preloader: Preloader | None = None
         #: Each live worker's instance ids in the discovery store, once it has registered.
         self.instance_ids: dict[str, set[int]] = {}
         #: Cases drawn so far: the next case's prompt variant.
@@ -158,6 +162,9 @@ class Pool:
             )
         self.nats_port = self.leases.take() if self.case.plane == "nats" else None
         self.env = services.runtime_env(self.store, self.nats_port)
+        modules = {**services.PRELOADED, **self.backend.preloaded}
+        self.preloader = Preloader(modules, self.env, self.folder / "preloader.log")
+        self.preloader.start()
         self._hold_gpu()
         if self.nats_port is not None:
             nats = services.nats_command(self.nats_port, self.folder / "nats")
@@ -189,9 +196,8 @@ class Pool:
         return self.cases is not None and self.draws >= self.cases
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, nice: int = 0):
-        process = ManagedProcess(
-            name, argv, {**self.env, **(env or {})}, self.folder / f"{name}.log", nice
-        )
+        env = {**self.env, **(env or {})}
+        process = ManagedProcess(name, argv, env, self.folder / f"{name}.log", nice, self.preloader)
         self.processes.append(process)
         process.start()
         return process
@@ -361,6 +367,8 @@ class Pool:
         if self._mirror_thread is not None:
             self._mirror_thread.join()
         problems = stop_all(self.processes, self.leases)
+        if self.preloader is not None:  # once everything it forked is gone
+            problems += self.preloader.stop(TEARDOWN_TIMEOUT_S)
         self._release_gpu()
         return problems
 
@@ -448,7 +456,12 @@ class Pools:
         """Every process of the current pool, children included."""
         if self.current is None:
             return []
-        return [proc for process in self.current[1].processes for proc in process.tree()]
+        pool = self.current[1]
+        preloader = []
+        if pool.preloader is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                preloader = [psutil.Process(pool.preloader.pid)]
+        return [*preloader, *(proc for process in pool.processes for proc in process.tree())]
 
     def discard(self, pool: Pool, keep_in: Path | None = None) -> list[str]:
         """Stop `pool` for good; its logs move into `keep_in` (a failed case's folder), or stay

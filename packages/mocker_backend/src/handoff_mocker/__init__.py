@@ -182,6 +182,8 @@ class MockerBackend(Backend):
         "core apart from the worker to kill (worker_failure kills both)",
         **dict.fromkeys(STOPS, NOT_THE_REST),
     }
+    #: Importing the mocker opens nothing: its workers fork from a warm interpreter.
+    preloaded: ClassVar[dict[str, str]] = {"dynamo.mocker": "dynamo.mocker.main"}
     #: `kv_events` and `kv_replay`: the ZMQ ports its KV events go out on and are replayed
     #: from (`received_context`), leased only with `kv_record`: the mocker binds both on every
     #: address, a bind address fixed in its runtime, and handoff's servers bind loopback only.

@@ -15,6 +15,7 @@ import psutil
 
 from handoff.errors import HandoffError
 from handoff.machine import ownership
+from handoff.machine.preload import Forked, Preloader
 from handoff.polling import Deadline, Timeout, poll_until
 
 
@@ -28,23 +29,37 @@ class ManagedProcess:
         env: Mapping[str, str],
         log_path: Path,
         niceness: int = 0,
+        preloader: Preloader | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path
         self.niceness = niceness
-        self.popen: subprocess.Popen[bytes] | None = None
+        #: Where the process is forked from when it can be (`Preloader.serves`).
+        self.preloader = preloader
+        self.popen: subprocess.Popen[bytes] | Forked | None = None
         self.started_at: float | None = None  # monotonic
         self._known: dict[int, psutil.Process] = {}
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, ownership.MARK_ENV: ownership.mark()}
+        if self.preloader is not None and self.preloader.serves(self.argv, env):
+            self.popen = self.preloader.spawn(self.argv, env, self.log_path, self.niceness)
+        else:
+            self.popen = self._exec(env)
+        self.started_at = time.monotonic()
+        with contextlib.suppress(psutil.NoSuchProcess):  # forked, it may be reaped already
+            self._known[self.popen.pid] = psutil.Process(self.popen.pid)
+        ownership.record(self.popen.pid, self.name)
+
+    def _exec(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as log:
             try:
-                self.popen = subprocess.Popen(
+                return subprocess.Popen(
                     self.argv,
-                    env={**self.env, ownership.MARK_ENV: ownership.mark()},
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -56,9 +71,6 @@ class ManagedProcess:
                 raise HandoffError(
                     f"cannot start {self.name}: {self.argv[0]} not found; install it"
                 ) from exc
-        self.started_at = time.monotonic()
-        self._known[self.popen.pid] = psutil.Process(self.popen.pid)
-        ownership.record(self.popen.pid, self.name)
 
     @property
     def pid(self) -> int:
@@ -77,9 +89,10 @@ class ManagedProcess:
         our process group, which children keep when their parent dies before we saw them (a
         SIGKILLed dynamo.vllm leaves its VLLM::EngineCore running, re-parented to init).
         """
-        if self.popen is not None and self.popen.poll() is None:
+        leader = self._known.get(self.pid) if self.popen is not None else None
+        if leader is not None and self.popen.poll() is None:
             try:
-                for child in self._known[self.pid].children(recursive=True):
+                for child in leader.children(recursive=True):
                     self._known.setdefault(child.pid, child)
             except psutil.NoSuchProcess:
                 pass

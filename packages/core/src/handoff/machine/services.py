@@ -52,6 +52,11 @@ def nats_command(port: int, store_dir: Path) -> list[str]:
     return [find_nats_server(), "-a", LOOPBACK, "-p", str(port), "-js", "-sd", str(store_dir)]
 
 
+#: The frontend's module -> the module whose import is most of its start: a pool forks its
+#: frontends from an interpreter that imported it (`handoff.machine.preload`).
+PRELOADED = {"dynamo.frontend": "dynamo.frontend.main"}
+
+
 def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -> list[str]:
     return [
         sys.executable,
