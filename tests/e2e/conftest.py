@@ -5,6 +5,7 @@ tests' twelve workers on two cores a migration's boundary may be left not proven
 continuity's verdict, which the main job enforces (mocker_pre_merge) and test_not_proven_runs
 tests."""
 
+import os
 import uuid
 
 import psutil
@@ -21,6 +22,14 @@ def handoff_mark(monkeypatch) -> str:
     mark = f"test-{uuid.uuid4().hex}"
     monkeypatch.setenv(MARK_ENV, mark)
     return mark
+
+
+@pytest.fixture(autouse=True)
+def nested_runs_without_hypothesis(monkeypatch):
+    """The pytest runs a test starts load no Hypothesis: only the unit tests use it, and its
+    plugin's import is a sixth of such a run's start (benchmarks/RESULTS.md)."""
+    addopts = os.environ.get("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} -p no:hypothesispytest".strip())
 
 
 @pytest.fixture(autouse=True)
