@@ -228,26 +228,26 @@ def test_the_dry_run_prints_the_plan_and_starts_nothing(run):
 
 
 def test_more_workers_than_cpu_slots_are_not_started(run):
-    result, *_ = run("mocker", "-n", "13", "--collect-only")
-    # A mocker case keeps 0.16 of a CPU busy: twelve fit on two CPUs, the thirteenth does not.
+    result, *_ = run("mocker", "-n", "17", "--collect-only")
+    # A mocker case keeps 0.125 of a CPU busy: sixteen fit on two CPUs, the 17th does not.
     assert (
-        "handoff: 13 xdist workers asked for, 12 started: 2 CPUs in the test's mask, "
-        "0.16 CPUs a case" in result.stdout.str()
+        "handoff: 17 xdist workers asked for, 16 started: 2 CPUs in the test's mask, "
+        "0.125 CPUs a case" in result.stdout.str()
     )
 
 
 def test_n_auto_starts_as_many_workers_as_fit_the_cpu_slots(run):
     """xdist's own -n auto counts physical cores (2 here), one case each; a mocker case
-    mostly waits, so twelve fit."""
+    mostly waits, so sixteen fit."""
     result, *_ = run("mocker", "-n", "auto", "--collect-only")
     assert (
-        "handoff: -n auto starts 12 xdist workers: 2 CPUs in the test's mask, 0.16 CPUs a case"
+        "handoff: -n auto starts 16 xdist workers: 2 CPUs in the test's mask, 0.125 CPUs a case"
         in result.stdout.str()
     )
 
 
 def test_no_more_workers_start_than_cases_are_selected(run):
-    """Twelve would fit; three cases selected need three workers, whether asked by -n auto
+    """Sixteen would fit; three cases selected need three workers, whether asked by -n auto
     or by a number."""
     names = [
         "migration_enabled-worker_failure-chat-stream-nats",
@@ -257,7 +257,7 @@ def test_no_more_workers_start_than_cases_are_selected(run):
     three = ["--handoff-topology", "aggregate"] + [f"--handoff-case={n}" for n in names]
     result, *_ = run("mocker", "-n", "auto", "--collect-only", *three)
     assert (
-        "handoff: -n auto starts 3 xdist workers: 2 CPUs in the test's mask, 0.16 CPUs a "
+        "handoff: -n auto starts 3 xdist workers: 2 CPUs in the test's mask, 0.125 CPUs a "
         "case, 3 cases selected" in result.stdout.str()
     )
     result, *_ = run("mocker", "-n", "8", "--collect-only", *three)

@@ -200,10 +200,11 @@ class MockerBackend(Backend):
         "load_requests": 8,
     }
     #: The mocker serves its own tokenizer-only model and needs no image or model cache.
-    #: Measured: the 58 pre-merge cases, 12 at a time on 2 CPUs, kept the CPUs busy 84.8
-    #: CPU-s over 531.6 s of their own time (0.16 CPUs a case; benchmarks/RESULTS.md): a case
-    #: mostly waits on its request, its fault and the frontend's timeouts.
-    cpus_per_case = 0.16
+    #: Measured: the 62 pre-merge cases, 12 at a time on 2 CPUs with their processes forked
+    #: from a warm interpreter, kept the CPUs busy 68-78 CPU-s over 573-595 s of their own
+    #: time (0.12-0.13 CPUs a case; benchmarks/RESULTS.md): a case mostly waits on its
+    #: request, its fault and the frontend's timeouts.
+    cpus_per_case = 0.125
     distinct_prompts = DISTINCT_PROMPTS
     nondeterministic_because = "the mocker draws each token at random"
     #: The mocker emits one token per step and the frontend forwards each in its own frame.

@@ -1,10 +1,12 @@
-"""At most as many deployments start at once on this machine as it has CPU slots.
+"""At most two deployments a CPU slot start at once on this machine.
 
-A deployment's start is nearly all CPU (a frontend and each worker import their engine), while
-the rest of a case mostly waits, which is why cases run many at once. When a dozen start
-together, the cases already in their fault window lose their CPU for seconds: long enough for a
-short response to end before its fault lands, or for the client to fall behind the stream. A
-start takes a slot first: an exclusive flock on one of N files (`start-<n>.slot`, apart from
+A deployment's start is mostly CPU (a pool's warm interpreter imports Dynamo once,
+`handoff.machine.preload`, and the frontend and each worker set up their runtime), while the
+rest of a case mostly waits, which is why cases run many at once. Forked starts wait for
+discovery too, so two a CPU keep the main job faster than one (benchmarks/RESULTS.md). When a
+dozen start together, the cases already in their fault window lose their CPU for seconds:
+long enough for a short response to end before its fault lands, or for the client to fall
+behind the stream. A start takes a slot first: an exclusive flock on one of N files (`start-<n>.slot`, apart from
 the ports' `<port>.lock`) in the folder every run on the machine shares (`ports.lease_dir`),
 which the kernel drops when its holder ends, however it ends, so a killed run leaves no slot
 held. The wait comes out of the case's deadline. Not gated: the workers a case starts mid-case
@@ -24,11 +26,14 @@ from handoff.polling import Deadline, poll_until
 from handoff.sharing.cpus import cpu_slots
 
 
+STARTS_PER_CPU = 2
+
+
 def slots() -> int:
-    """How many starts may run at once: one a CPU slot (HANDOFF_CPU_SLOTS, set on purpose,
-    sets the cases that run at once, not the CPUs, and leaves starts ungated)."""
+    """How many starts may run at once: STARTS_PER_CPU a CPU slot (HANDOFF_CPU_SLOTS, set on
+    purpose, sets the cases that run at once, not the CPUs, and leaves starts ungated)."""
     found = cpu_slots()
-    return 0 if found.chosen else found.count
+    return 0 if found.chosen else STARTS_PER_CPU * found.count
 
 
 def _take(count: int) -> tuple[int | None, str]:
