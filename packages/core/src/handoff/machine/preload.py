@@ -34,6 +34,9 @@ INTERPRETER_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG")
 #: The exit code of a forked process that is gone where the preloader died before reporting it.
 UNREPORTED_EXIT = -255
 FOREVER_S = 10.0**9
+#: How long a fork may take, the warm interpreter's import included (under 2 s on a busy
+#: 2-core machine): past it, the warm interpreter is stuck.
+SPAWN_TIMEOUT_S = 60.0
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -149,7 +152,12 @@ class Preloader:
                 self.popen.stdin.flush()
             except BrokenPipeError:
                 pass  # said below, with its log
-            self._changed.wait_for(lambda: len(self._forked) > known or self.gone())
+            forked = lambda: len(self._forked) > known or self.gone()  # noqa: E731
+            if not self._changed.wait_for(forked, SPAWN_TIMEOUT_S):
+                raise HandoffError(
+                    f"the preloader (pid {self.popen.pid}) did not fork {argv[2]} within "
+                    f"{SPAWN_TIMEOUT_S:g} s: see {self.log_path}"
+                )
             if len(self._forked) == known:
                 raise HandoffError(
                     f"the preloader (pid {self.popen.pid}) exited before forking "

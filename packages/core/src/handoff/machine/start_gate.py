@@ -6,12 +6,12 @@ rest of a case mostly waits, which is why cases run many at once. Forked starts 
 discovery too, so two a CPU keep the main job faster than one (benchmarks/RESULTS.md). When a
 dozen start together, the cases already in their fault window lose their CPU for seconds:
 long enough for a short response to end before its fault lands, or for the client to fall
-behind the stream. A start takes a slot first: an exclusive flock on one of N files (`start-<n>.slot`, apart from
-the ports' `<port>.lock`) in the folder every run on the machine shares (`ports.lease_dir`),
-which the kernel drops when its holder ends, however it ends, so a killed run leaves no slot
-held. The wait comes out of the case's deadline. Not gated: the workers a case starts mid-case
-(a joiner, a rolling replacement: part of its fault) and a pool's spares, started in the
-background; slots are not handed out in the order asked.
+behind the stream. A start takes a slot first: an exclusive flock on one of N files
+(`start-<n>.slot`, apart from the ports' `<port>.lock`) in the folder every run on the machine
+shares (`ports.lease_dir`), which the kernel drops when its holder ends, however it ends, so
+a killed run leaves no slot held. The wait comes out of the case's deadline. Not gated: the
+workers a case starts mid-case (a joiner, a rolling replacement: part of its fault) and a
+pool's spares, started in the background; slots are not handed out in the order asked.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from handoff.machine.ports import lease_dir, try_lock
 from handoff.polling import Deadline, poll_until
 from handoff.sharing.cpus import cpu_slots
-
 
 STARTS_PER_CPU = 2
 
