@@ -171,8 +171,8 @@ def test_a_container_run_and_a_host_run_see_each_others_leases_and_records(tmp_p
     process = subprocess.Popen(argv, env=inside)
     try:
         said = talk / "said"
-        poll_until(
-            lambda: (said.read_text() if said.exists() else None, f"exit {process.poll()}"),
+        poll_until(  # written whole once it exists and is not empty
+            lambda: ((said.exists() and said.read_text()) or None, f"exit {process.poll()}"),
             Deadline(30), "the container's run to say what it found",
         )  # fmt: skip
         assert said.read_text() == "the host's port is leased"

@@ -163,7 +163,8 @@ class Pool:
         self.nats_port = self.leases.take() if self.case.plane == "nats" else None
         self.env = services.runtime_env(self.store, self.nats_port)
         modules = {**services.PRELOADED, **self.backend.preloaded}
-        self.preloader = Preloader(modules, self.env, self.folder / "preloader.log")
+        log = self.folder / "preloader.log"
+        self.preloader = Preloader(modules, services.PRELOADED_BASE, self.env, log)
         self.preloader.start()
         self._hold_gpu()
         if self.nats_port is not None:
@@ -457,10 +458,11 @@ class Pools:
         if self.current is None:
             return []
         pool = self.current[1]
-        preloader = []
+        preloader = []  # its warm interpreters, one a module, are its children
         if pool.preloader is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
-                preloader = [psutil.Process(pool.preloader.pid)]
+                root = psutil.Process(pool.preloader.pid)
+                preloader = [root, *root.children(recursive=True)]
         return [*preloader, *(proc for process in pool.processes for proc in process.tree())]
 
     def discard(self, pool: Pool, keep_in: Path | None = None) -> list[str]:

@@ -2,19 +2,24 @@
 
 Importing Dynamo's frontend or mocker is most of what such a process costs to start
 (benchmarks/RESULTS.md), and a case starts three to five of them. A pool starts one
-`Preloader`: a warm interpreter (`handoff.machine.forkserver`) that imports the modules its
-processes run, then forks each launch of `python -m MODULE`: the child takes the launch's
+`Preloader`: warm interpreters (`handoff.machine.forkserver`) that import what its processes
+run, one a module, then fork each launch of `python -m MODULE`: the child takes the launch's
 environment, session, nice value and log, and runs the module as `__main__`. The same code
-runs; only the import is shared. The warm interpreter imports and does nothing else, so it
-holds no thread and no connection to fork. A launch it could not reproduce (another module or
-interpreter, or other interpreter settings: `INTERPRETER_PREFIXES`) is started with `exec`,
-as without a preloader. What the interpreter's start did to its environment (the locale
-coercion sets LC_CTYPE), a forked child's environment gets too."""
+runs; only the import is shared. A warm interpreter imports and does nothing else, so it holds
+no thread (checked) and no connection to fork. What the interpreter's start and the module's
+import did to the environment (the locale coercion sets LC_CTYPE; the mocker's import sets
+DYN_COMPUTE_THREADS), a child of that module gets, as its own import would have done. A launch
+it could not reproduce is started with `exec`, as without a preloader: another module or
+interpreter, other interpreter settings (`INTERPRETER_PREFIXES`), or another value of any
+variable the module's import read."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -34,9 +39,9 @@ INTERPRETER_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG")
 #: The exit code of a forked process that is gone where the preloader died before reporting it.
 UNREPORTED_EXIT = -255
 FOREVER_S = 10.0**9
-#: How long a fork may take, the warm interpreter's import included (under 2 s on a busy
-#: 2-core machine): past it, the warm interpreter is stuck.
-SPAWN_TIMEOUT_S = 60.0
+#: How long an import or a fork may take (under 2 s on a busy 2-core machine): past it, the
+#: warm interpreter is stuck.
+SPAWN_S = 60.0
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -63,8 +68,10 @@ class Forked:
         return code
 
     def _running(self) -> bool:
+        """Alive, and still the process forked (psutil checks its start time)."""
         try:
-            return self._process is not None and self._process.status() != psutil.STATUS_ZOMBIE
+            process = self._process
+            return process is not None and process.is_running() and process.status() != "zombie"
         except psutil.NoSuchProcess:
             return False
 
@@ -80,35 +87,50 @@ class Forked:
 
 
 class Preloader:
-    """One warm interpreter for a pool; `spawn` forks a launch from it, `stop` ends it once
-    everything it forked is gone."""
+    """One pool's warm interpreters; `spawn` forks a launch from them, `stop` ends them once
+    everything they forked is gone."""
 
-    def __init__(self, modules: Mapping[str, str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self, modules: Mapping[str, str], base: Sequence[str], env: Mapping[str, str], log: Path
+    ) -> None:
         #: The module a launch runs (`python -m` it) -> the module that imports what it needs.
         self.modules = dict(modules)
+        #: What every one of them imports, imported once for all (it must not touch the
+        #: environment: the warm interpreter exits saying so where it does).
+        self.base = tuple(base)
         self.env = dict(env)
-        self.log_path = log_path
+        self.log_path = log
         self.popen: subprocess.Popen[bytes] | None = None
+        #: Module -> the variables its import read, or why it could not be imported.
+        self._imported: dict[str, list[str] | str] = {}
+        self._pids: dict[int, int] = {}  # request id -> pid
         self._exits: dict[int, int] = {}
-        self._forked: list[int] = []
+        self._abandoned: set[int] = set()
+        self._ids = itertools.count()
+        self.broken: str | None = None
         self._changed = threading.Condition()
-        self._spawning = threading.Lock()
 
     def serves(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
-        """Whether `argv` with `env` would start the same interpreter running one of the
-        modules already imported."""
-        return (
+        """Whether `argv` with `env` would start the same interpreter, reading the same
+        variables at import, running a module imported already."""
+        if not (
             len(argv) > 2
             and list(argv[:2]) == [sys.executable, "-m"]
             and argv[2] in self.modules
             and interpreter_env(env) == interpreter_env(self.env)
-        )
+        ):
+            return False
+        with self._changed:
+            self._changed.wait_for(lambda: argv[2] in self._imported or self.gone(), SPAWN_S)
+            reads = self._imported.get(argv[2])
+        return isinstance(reads, list) and all(env.get(k) == self.env.get(k) for k in reads)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        served = [f"{module}={imported}" for module, imported in self.modules.items()]
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", forkserver.__name__, *self.modules.values()],
+                [sys.executable, "-m", forkserver.__name__, *self.base, "--", *served],
                 env={**self.env, ownership.MARK_ENV: ownership.mark()},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -124,49 +146,62 @@ class Preloader:
         return self.popen.pid
 
     def _read(self) -> None:
+        """Take in its events until it exits; a line it cannot read breaks it (every exit
+        code is then unknown), never taken for an answer."""
         assert self.popen is not None and self.popen.stdout is not None
-        for line in self.popen.stdout:
-            event = json.loads(line)
-            with self._changed:
-                if "exited" in event:
-                    self._exits[event["exited"]] = event["code"]
-                else:
-                    self._forked.append(event["pid"])
-                self._changed.notify_all()
+        try:
+            for line in self.popen.stdout:
+                with self._changed:
+                    self._take(json.loads(line))
+                    self._changed.notify_all()
+        except (ValueError, KeyError, OSError) as exc:
+            self.broken = f"its events could not be read ({exc!r})"
         with self._changed:
             self.popen.wait()
             self._changed.notify_all()
 
+    def _take(self, event: dict) -> None:
+        if "module" in event:
+            self._imported[event["module"]] = event.get("reads", event.get("error", "?"))
+        elif "exited" in event:
+            self._exits[event["pid"]] = event["exited"]
+        elif event["id"] in self._abandoned:  # forked after its spawn gave up: not ours to run
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(event["pid"], signal.SIGKILL)
+        else:
+            self._pids[event["id"]] = event["pid"]
+
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, niceness: int
     ) -> Forked:
-        """Fork `argv` (`python -m MODULE ARGS`) with exactly `env`, in a session of its own,
-        its output appended to `log_path`."""
+        """Fork `argv` (`python -m MODULE ARGS`, `serves` it) with exactly `env`, in a session
+        of its own, its output appended to `log_path`."""
         assert self.popen is not None and self.popen.stdin is not None
-        request = {"argv": list(argv[2:]), "env": dict(env), "log": str(log_path)}
-        with self._spawning, self._changed:
-            known = len(self._forked)
+        key = next(self._ids)
+        request = {"id": key, "argv": list(argv[2:]), "env": dict(env), "log": str(log_path)}
+        with self._changed:
             try:
                 self.popen.stdin.write(json.dumps({**request, "niceness": niceness}).encode())
                 self.popen.stdin.write(b"\n")
                 self.popen.stdin.flush()
             except BrokenPipeError:
                 pass  # said below, with its log
-            forked = lambda: len(self._forked) > known or self.gone()  # noqa: E731
-            if not self._changed.wait_for(forked, SPAWN_TIMEOUT_S):
+            if not self._changed.wait_for(lambda: key in self._pids or self.gone(), SPAWN_S):
+                self._abandoned.add(key)
                 raise HandoffError(
                     f"the preloader (pid {self.popen.pid}) did not fork {argv[2]} within "
-                    f"{SPAWN_TIMEOUT_S:g} s: see {self.log_path}"
+                    f"{SPAWN_S:g} s: see {self.log_path}"
                 )
-            if len(self._forked) == known:
+            if key not in self._pids:
                 raise HandoffError(
                     f"the preloader (pid {self.popen.pid}) exited before forking "
-                    f"{argv[2]}: see {self.log_path}"
+                    f"{argv[2]}{f', {self.broken}' if self.broken else ''}: see {self.log_path}"
                 )
-            return Forked(self._forked[known], self)
+            return Forked(self._pids[key], self)
 
     def gone(self) -> bool:
-        return self.popen is not None and self.popen.poll() is not None
+        """Whether it has exited, or its events can no longer be read."""
+        return self.broken is not None or (self.popen is not None and self.popen.poll() is not None)
 
     def exit_code(self, pid: int) -> int | None:
         """What it reported of `pid`'s exit; None before that."""
@@ -175,7 +210,8 @@ class Preloader:
 
     def stop(self, timeout_s: float) -> list[str]:
         """Close its stdin and wait for it to exit (it reaps its children first: call this once
-        they are killed); SIGKILL it if it does not. The problems found; empty means clean."""
+        they are killed); SIGKILL its interpreters if they do not. The problems found; empty
+        means clean."""
         if self.popen is None:
             return []
         with contextlib.suppress(BrokenPipeError):
@@ -184,9 +220,9 @@ class Preloader:
         try:
             self.popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            os.killpg(self.popen.pid, signal.SIGKILL)  # the module interpreters are in it
             self.popen.wait()
-            living = [pid for pid in self._forked if pid not in self._exits]
+            living = sorted(set(self._pids.values()) - set(self._exits))
             return [f"the preloader (pid {self.popen.pid}) outlived its stop: its children "
                     f"{living} were not reaped; killed"]  # fmt: skip
         ownership.forget(self.popen.pid)

@@ -55,6 +55,9 @@ def nats_command(port: int, store_dir: Path) -> list[str]:
 #: The frontend's module -> the module whose import is most of its start: a pool forks its
 #: frontends from an interpreter that imported it (`handoff.machine.preload`).
 PRELOADED = {"dynamo.frontend": "dynamo.frontend.main"}
+#: What Dynamo's frontend and every worker module import, imported once for all of a pool's
+#: warm interpreters; it leaves the environment as it found it (checked as it starts).
+PRELOADED_BASE = ("dynamo.runtime", "dynamo.llm", "dynamo.common.configuration.groups")
 
 
 def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -> list[str]:
