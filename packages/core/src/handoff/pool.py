@@ -29,7 +29,6 @@ A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case an
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 from collections import Counter
@@ -458,11 +457,7 @@ class Pools:
         if self.current is None:
             return []
         pool = self.current[1]
-        preloader = []  # its warm interpreters, one a module, are its children
-        if pool.preloader is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                root = psutil.Process(pool.preloader.pid)
-                preloader = [root, *root.children(recursive=True)]
+        preloader = pool.preloader.tree() if pool.preloader is not None else []
         return [*preloader, *(proc for process in pool.processes for proc in process.tree())]
 
     def discard(self, pool: Pool, keep_in: Path | None = None) -> list[str]:

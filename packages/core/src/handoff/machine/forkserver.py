@@ -154,8 +154,8 @@ def serve(base: list[str], served: dict[str, str]) -> None:
     before = dict(os.environ)
     for module in base:
         importlib.import_module(module)
-    if changed_env(before) != ({}, []):
-        sys.exit(f"importing {', '.join(base)} changed the environment: {changed_env(before)}")
+    if (changed := changed_env(before)) != ({}, []):
+        sys.exit(f"importing {', '.join(base)} changed the environment: {changed}")
     pipes: dict[str, int] = {}
     servers = []
     for module, imported in served.items():

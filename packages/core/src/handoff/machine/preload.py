@@ -71,7 +71,11 @@ class Forked:
         """Alive, and still the process forked (psutil checks its start time)."""
         try:
             process = self._process
-            return process is not None and process.is_running() and process.status() != "zombie"
+            return (
+                process is not None
+                and process.is_running()
+                and process.status() != psutil.STATUS_ZOMBIE
+            )
         except psutil.NoSuchProcess:
             return False
 
@@ -144,6 +148,15 @@ class Preloader:
     def pid(self) -> int:
         assert self.popen is not None, "the preloader was never started"
         return self.popen.pid
+
+    def tree(self) -> list[psutil.Process]:
+        """Its warm interpreters (one a module, its children) and what they forked; none once
+        it is gone."""
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
 
     def _read(self) -> None:
         """Take in its events until it exits; a line it cannot read breaks it (every exit
