@@ -43,6 +43,7 @@ from handoff import client, faults
 from handoff.client import REQUEST_ID_HEADER, Chunk
 from handoff.polling import poll_until
 from handoff.responses import single
+from handoff_mocker.origins import BASE, ENGINES, PERIOD, origin
 
 #: The ways to alter the stream: replay the armed frame (and drop the frontend's final content
 #: frame, so the count stays at max_tokens), or lose it and repeat the third frame after the
@@ -52,7 +53,10 @@ from handoff.responses import single
 #: a client that fell behind reads them; "unheard_close" forwards the stream as it came but
 #: never closes the frontend's stream when the client hangs up; None forwards the stream as it
 #: came.
-MODES = ("replay", "lost_and_repeated", "burst", "drawn", "unheard_close", None)
+#: "crossed" gives every token before the migration as another worker's token of the same place,
+#: as a frontend that crossed the stream with another request's on a worker that never
+#: received this one would.
+MODES = ("replay", "lost_and_repeated", "burst", "drawn", "crossed", "unheard_close", None)
 #: How long the stopped holder's stream must have been still before the kill: longer than the
 #: stalls of a frontend and a client on a loaded machine.
 STILL_S = 0.3
@@ -167,6 +171,12 @@ class Alterations:
         return timed
 
     def altered_content(self, event: bytes, max_tokens: int | None) -> list[bytes]:
+        if self.mode == "crossed" and self.after_migration is None:
+            if self.armed:
+                self.armed = False
+                self.done.set()
+            self.altered.append(("crossed", 1))
+            return [with_text(event, crossed(frame(event).text))]
         if self.armed:
             self.armed = False
             self.done.set()
@@ -346,11 +356,25 @@ def frame(event: bytes) -> Chunk | None:
 def drawn(event: bytes) -> bytes:
     """The frame with its token replaced by one the mocker draws at random (`DRAWN`), as a
     worker that was not replaying its output would have sent it: the count is unchanged."""
+    return with_text(event, DRAWN)
+
+
+def crossed(text: str) -> str:
+    """The token of the same place in the output of a worker half the mocker's engines away:
+    none of a deployment of fewer workers than that."""
+    found = origin(int(text.strip().removeprefix("t")))
+    assert found is not None, text
+    worker = (found.worker + ENGINES // 2) % ENGINES
+    return f" t{BASE + worker * PERIOD + found.place}"
+
+
+def with_text(event: bytes, text: str) -> bytes:
+    """The content frame `event` carrying `text` in place of its own."""
     chunk = frame(event)
     assert chunk is not None
     choice = chunk.data["choices"][0]
     where, key = (choice["delta"], "content") if "delta" in choice else (choice, "text")
-    where[key] = DRAWN
+    where[key] = text
     return b"data: " + json.dumps(chunk.data).encode() + b"\n\n"
 
 

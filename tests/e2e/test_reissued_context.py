@@ -213,6 +213,10 @@ class NamingMocker(SlowMocker):
             "drawn",
             ["1 token(s) name no worker, the first token", "(id 1500): replaced, or generated"],
         ),
+        (  # every run whole and the context exact: only whose tokens they are tells
+            "crossed",
+            ["the response's tokens came from workers #", "in turn; only worker-"],
+        ),
         (
             "lost_and_repeated",
             [

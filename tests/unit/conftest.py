@@ -5,6 +5,12 @@ import sys
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from hypothesis import settings
+
+# No deadline for any example: twelve workers share two cores here, and a deadline is a timing
+# assertion (an example took 327 ms against Hypothesis' 200 ms default in one such run).
+settings.register_profile("handoff", deadline=None)
+settings.load_profile("handoff")
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ MOVES = 300
 SETTINGS = settings(
     max_examples=100,
     derandomize=True,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 

@@ -5,18 +5,22 @@ breaks a run or moves the boundary the re-issued context is judged by, and fails
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from handoff.client import Chunk, Response
 from handoff.continuity import Migration, Takeover, check
-from handoff.responses.sequences import runs
+from handoff.responses.sequences import Runs, runs, unserved
 from handoff_mocker import MockerBackend
 from handoff_mocker.origins import BASE, PERIOD, origin
 
 MOCKER = MockerBackend()
 PROMPT = 32
 N = 600
+
+
+#: The holder (worker #0) and the new worker (#1), as their logs received the request.
+SERVED = [("worker-0-aggregate", 0), ("worker-1-aggregate", 1)]
 
 
 def output(worker: int, length: int) -> list[int]:
@@ -27,8 +31,9 @@ def migrated(carried: int, holder: int = 0, successor: int = 1) -> list[int]:
     return output(holder, carried) + output(successor, N - carried)
 
 
-def judged(ids: list[int], carried: int):
-    """The continuity of a stream of `ids`, one a frame, its context `carried` tokens long."""
+def judged(ids: list[int], carried: int, served: list[tuple[str, int]] = SERVED):
+    """The continuity of a stream of `ids`, one a frame, its context `carried` tokens long,
+    received by the `served` workers in turn."""
     chunks = [
         Chunk(float(n), {"id": "r", "choices": [{"text": f" t{t}"}]}) for n, t in enumerate(ids)
     ]
@@ -36,7 +41,9 @@ def judged(ids: list[int], carried: int):
     usage = {"prompt_tokens": PROMPT + carried, "completion_tokens": len(ids)}
     chunks.append(Chunk(float(len(ids)), {"id": "r", "choices": [], "usage": usage}))
     response = Response(status=200, chunks=chunks, done=True)
-    moved = Migration(PROMPT, fault_at=0.0, takeover=Takeover("worker-1-aggregate", 0.0))
+    moved = Migration(
+        PROMPT, fault_at=0.0, takeover=Takeover("worker-1-aggregate", 0.0), served=served
+    )
     return check(
         response, N, MOCKER.output_tokens, one_token_per_frame=True, migration=moved,
         ids=MOCKER.output_token_ids, origin=MOCKER.token_origin,
@@ -85,6 +92,8 @@ def perturbed(ids: list[int], how: str, at: int) -> list[int]:
     how=st.sampled_from(PERTURBATIONS),
     at=st.integers(0, N - 1),
 )
+# The holder's one token replaced by another worker's first: every run whole, only whose tells.
+@example(carried=1, how="replace", at=0)
 def test_every_token_lost_repeated_replaced_or_reordered_anywhere_fails(carried, how, at):
     wrong = perturbed(migrated(carried), how, at)
     assert wrong != migrated(carried)
@@ -95,6 +104,20 @@ def test_every_token_lost_repeated_replaced_or_reordered_anywhere_fails(carried,
 def test_a_context_of_other_than_the_tokens_before_the_new_workers_fails(carried, told):
     result = judged(migrated(carried), told)
     assert bool(result.problems) == (told != carried)
+
+
+def test_runs_are_of_the_workers_that_received_the_request_in_order():
+    """A worker that received the request and generated nothing is passed over; a run of a
+    worker that never received it, or out of the order the logs received it in, fails."""
+    three = [("a", 0), ("b", 2), ("c", 1)]
+    assert unserved(Runs([5, 5], [0, 1]), three) == []
+    assert unserved(Runs([5, 5, 5], [0, 2, 1]), three) == []
+    assert unserved(Runs([5, 5], [1, 2]), three) == [
+        "the response's tokens came from workers #1, #2 in turn; only a (#0), b (#2), c (#1) "
+        "received it"
+    ]
+    assert unserved(Runs([5, 5], [3, 1]), three)
+    assert unserved(Runs([5, 5], [0, 0]), three)  # one worker's output twice, received once
 
 
 def test_a_token_no_worker_replayed_fails_and_tells_no_boundary():
@@ -115,8 +138,9 @@ def test_a_token_no_worker_replayed_fails_and_tells_no_boundary():
 def test_after_two_moves_the_context_is_every_token_before_the_last_workers():
     two = output(0, 100) + output(1, 200) + output(2, N - 300)
     assert runs(two, origin).lengths == [100, 200, N - 300]
-    assert judged(two, 300).problems == []
-    assert judged(two, 100).problems == [
+    three = [*SERVED, ("worker-2-aggregate", 2)]
+    assert judged(two, 300, three).problems == []
+    assert judged(two, 100, three).problems == [
         "the client read 300 tokens before worker-1-aggregate's first (the token where the "
         "worker that generated them changes), but the re-issued context carried 100 "
         "(usage.prompt_tokens 132 - prompt 32): 200 replayed at the migration"
@@ -131,7 +155,9 @@ def test_a_unary_response_tells_its_boundary_by_its_tokens_too():
     response = Response(
         status=200, chunks=[Chunk(0.0, {"id": "r", "choices": [choice], "usage": usage})], done=True
     )
-    moved = Migration(PROMPT, fault_at=0.0, takeover=Takeover("worker-1-aggregate", 0.0))
+    moved = Migration(
+        PROMPT, fault_at=0.0, takeover=Takeover("worker-1-aggregate", 0.0), served=SERVED
+    )
     result = check(
         response, N, MOCKER.output_tokens, migration=moved,
         ids=MOCKER.output_token_ids, origin=MOCKER.token_origin,

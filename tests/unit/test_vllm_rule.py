@@ -30,7 +30,7 @@ def test_the_reference_is_the_rule_on_the_request_the_engine_gets():
     assert all(t >= rule.FIRST_OUTPUT for t in expected)  # never the anchor or a marker
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(data=st.data())
 def test_a_wrong_context_continues_differently_within_8_tokens(requests_, data):
     name, context, output = data.draw(st.sampled_from(requests_))

@@ -331,6 +331,12 @@ class Backend(ABC):
         the token does not: where a new worker's tokens begin is then judged otherwise."""
         return None
 
+    def token_worker(self, worker: Worker) -> int | None:
+        """The worker number `token_origin` names in `worker`'s tokens; None where its tokens
+        name none. Which runs of a response are whose is then checked against the workers that
+        received the request (`sequences.unserved`)."""
+        return None
+
     def received_context(self, worker: Worker, prompt: str) -> list[int] | None:
         """The token ids `worker`'s engine holds after `prompt` (the case's prompt text) for a
         request it received, in order, as its own record says (a migrated request's re-issued

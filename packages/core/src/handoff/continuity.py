@@ -79,6 +79,8 @@ class Continuity:
     notes: list[str] = field(default_factory=list)
     #: The checks this response exists for that could not be made, each with why.
     unproven: list[str] = field(default_factory=list)
+    #: The runs of tokens, one a worker, where the tokens name their worker.
+    runs: sequences.Runs | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class Migration:
     #: Tokens the frontend had received from the faulted worker before the fault (a unary
     #: response's in-flight proof): every one of them is in the context it re-issues.
     carried_at_least: int = 0
+    #: The faulted worker and the new one, each with the number its tokens name
+    #: (`Backend.token_worker`), where the tokens name their worker.
+    served: list[tuple[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ def check(
     told = told_runs(response, ids, origin)
     if told is not None:
         result.problems += told.problems
+        result.runs = told
     if migration is not None:
         result.problems += context_problems(
             response, max_tokens, count, migration, result, ids, told
@@ -242,16 +248,21 @@ def first_divergence(expected: str, received: str) -> int | None:
     return None if len(expected) == len(received) else min(len(expected), len(received))
 
 
+def request_id(response_id: str) -> str:
+    """The request id the workers log for a response's `id` (chatcmpl-<uuid> -> <uuid>)."""
+    return response_id.split("-", 1)[-1]
+
+
 def takeover(logs: Mapping[str, Path], response_id: str) -> Takeover | None:
     """The worker among `logs` (name -> log file) that logged receiving the request last, and
     when, on the monotonic clock; None if none did. A worker logs the line before it generates,
     so once the client has read the whole response the line is written."""
-    request_id = response_id.split("-", 1)[-1]  # chatcmpl-<uuid> -> <uuid>
+    wanted = request_id(response_id)
     wall_minus_monotonic = time.time() - time.monotonic()
     seen = []
     for name, path in logs.items():
         for stamp, received_id in receipts(path):
-            if received_id == request_id:
+            if received_id == wanted:
                 wall = datetime.fromisoformat(stamp).timestamp()
                 seen.append((wall - wall_minus_monotonic, name))
     if not seen:
@@ -343,6 +354,13 @@ def context_problems(
         first = f"{taken.worker}'s first (the token where the worker that generated them changes)"
         before, total = sum(told.lengths[:-1]), sum(told.lengths)
         problems = compared(before, carried, max_tokens, total, first, context_is, result)
+        if migration.served is None:
+            result.unproven.append(
+                "whether each run of tokens is a worker's that received the request: the "
+                "workers' numbers are unknown"
+            )
+        else:
+            problems += sequences.unserved(told, migration.served)
         if (record := held(response, migration, carried, ids)) is not None:
             problems += identity_problems(record, carried, max_tokens, total, taken, result)
         return problems

@@ -335,6 +335,13 @@ class MockerBackend(Backend):
     def token_origin(self, token_id: int) -> Origin | None:
         return origins.origin(token_id)
 
+    def token_worker(self, worker: Worker) -> int | None:
+        """The number of the output its trace replays (`worker`'s engine arguments name it)."""
+        argv = worker.process.argv
+        settings = json.loads(Path(argv[argv.index("--extra-engine-args") + 1]).read_text())
+        trace = settings["dynamo"].get("response_replay_trace_path")
+        return None if trace is None else origins.first_worker(Path(trace))
+
     def output_tokens(self, text: str) -> int:
         """Each token of the mocker's model is one word `tN` (handoff.word_tokenizer)."""
         return count(text)

@@ -15,6 +15,7 @@ from handoff.cases import Case, topology
 from handoff.client import Request, Response
 from handoff.deployment import Deployment
 from handoff.history import History
+from handoff.machine import worker_logs
 from handoff.policies import Outcome
 from handoff.responses import stops
 from handoff.verdict import request_problems
@@ -201,6 +202,20 @@ def migration_evidence(
         **label,
     )
     floor = backend.kv_transfer_floor_s(case)
+    served = None
+    if taken:  # every worker that received it, in order: after two moves, three
+        wanted = continuity.request_id(str(response_id))
+        by_name = {holder.name: holder, **others}
+        names = worker_logs.received(by_name.values(), {wanted})[wanted]
+        served = numbered(backend, [by_name[name] for name in names])
     return continuity.Migration(
-        int(prompt), fault_at, taken, moved, received, floor, carried_at_least
+        int(prompt), fault_at, taken, moved, received, floor, carried_at_least, served
     )
+
+
+def numbered(backend: Backend, workers: list[Worker]) -> list[tuple[str, int]] | None:
+    """Each of `workers` by name with the number its tokens name; None where any is unknown."""
+    numbers = [backend.token_worker(worker) for worker in workers]
+    if None in numbers:
+        return None
+    return [(w.name, n) for w, n in zip(workers, numbers, strict=True) if n is not None]

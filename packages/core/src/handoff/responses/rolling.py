@@ -33,6 +33,7 @@ from handoff.machine.worker_logs import received
 from handoff.policies import expected_outcome
 from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.responses import evidence, joining, load, recovery, waits
+from handoff.responses.sequences import Runs, unserved
 from handoff.verdict import Verdict
 
 DRAIN = "graceful_shutdown"
@@ -354,6 +355,7 @@ def judged_requests(
             case.policy, len(workers) > 1, backend, lambda: None,
         )  # fmt: skip
         found.problems += ["no worker's log names it"] if not workers else []
+        found.problems += crossed(deployment, found.runs, workers, found.unproven)
         found.problems += [
             f"handed over from {left}, which was never drained"
             for left in workers[:-1]
@@ -363,6 +365,22 @@ def judged_requests(
         for note in found.notes:
             notes.setdefault(note, []).append(n)
     return problems, notes, handovers
+
+
+def crossed(
+    deployment: Deployment, runs: Runs | None, workers: list[str], unproven: list[str]
+) -> list[str]:
+    """Runs of tokens from a worker other than those whose logs received the request, in
+    order (`sequences.unserved`), where the tokens name their worker; where a worker's number
+    is unknown, that is not proven."""
+    if runs is None or not runs.workers or not workers:
+        return []
+    by_name = {w.name: w for w in deployment.serving}
+    served = evidence.numbered(deployment.backend, [by_name[name] for name in workers])
+    if served is None:
+        unproven.append("whether each run of tokens is a worker's that received the request")
+        return []
+    return unserved(runs, served)
 
 
 def idle_drains(steady: SteadyLoad, served: dict[str, list[str]]) -> list[str]:

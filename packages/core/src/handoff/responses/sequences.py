@@ -31,8 +31,9 @@ TokenOrigin = Callable[[int], Origin | None]
 
 @dataclass
 class Runs:
-    #: How many tokens each worker gave in turn.
+    #: How many tokens each worker gave in turn, and which worker each run's was.
     lengths: list[int] = field(default_factory=list)
+    workers: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -54,6 +55,7 @@ def runs(ids: list[int], origin: TokenOrigin) -> Runs | None:
             told.lengths[-1] += 1
         elif last is None or now.worker != last.worker or now.place == 0:
             told.lengths.append(1)
+            told.workers.append(now.worker)
             if now.place:
                 told.problems.append(
                     f"token {at + 1} is the first of worker #{now.worker}'s in the response, but "
@@ -64,6 +66,20 @@ def runs(ids: list[int], origin: TokenOrigin) -> Runs | None:
             told.problems.append(break_in(at, last, now))
         last = now
     return told
+
+
+def unserved(told: Runs, served: list[tuple[str, int]]) -> list[str]:
+    """The runs whose worker is not one the deployment says held the request then: the runs'
+    workers must be those that received it (`served`: each one's name and number, in the order
+    the logs say it received the request), in that order. A worker that received it and
+    generated nothing (moved on before its first token) is passed over; a run of a worker that
+    never received it is a stream crossed with another request's."""
+    rest = iter(number for _, number in served)
+    if all(worker in rest for worker in told.workers):  # a subsequence, in order
+        return []
+    order = ", ".join(f"#{worker}" for worker in told.workers)
+    names = ", ".join(f"{name} (#{number})" for name, number in served)
+    return [f"the response's tokens came from workers {order} in turn; only {names} received it"]
 
 
 def no_worker(ids: list[int], unknown: list[int]) -> str:
