@@ -71,6 +71,10 @@ STANDS_OUT = 2.0
 #: Frames read closer together than this fraction of the stream's median gap (the engine's
 #: step as the client saw it) had queued up at a client that fell behind.
 BURST_FRACTION = 0.1
+#: How many frames after the pause are looked at for such a burst: a client that fell behind
+#: and stalls once more as it reads its queue (a busy machine) reads the rest back to back, so
+#: the first gap after the pause alone can look like the engine's step.
+BURST_LOOK = 4
 
 
 @dataclass
@@ -303,7 +307,8 @@ def boundary(
         )
         return Boundary(pause, False, why)
     step = sorted(gap(i) for i in others)[len(others) // 2]
-    if pause + 1 < len(times) and gap(pause + 1) < BURST_FRACTION * step:
+    following = range(pause + 1, min(pause + 1 + BURST_LOOK, len(times)))
+    if any(gap(i) < BURST_FRACTION * step for i in following):
         why = f"{where} is followed by frames read back to back: the client had fallen behind"
         return Boundary(pause, False, why)
     return Boundary(pause, True, f"{where}, after {taken.worker} received the request")
