@@ -50,11 +50,6 @@ def tests(session: nox.Session) -> None:
     # (PYTEST_ADDOPTS reaches those), run twelve at a time on two cores, where a migration's
     # boundary can be left unproven: reported as skipped, with why. The main job
     # (mocker_pre_merge) is where not proven fails the run.
-    # A clean clone has no bytecode: collected once here, its modules are compiled (and the
-    # tests' asserts rewritten) by one process rather than by all twelve workers at once.
-    session.run(
-        "pytest", "tests", "--ignore", "tests/vllm_cpu", "--collect-only", "-q", silent=True
-    )
     session.run(
         "pytest", "tests", "--ignore", "tests/vllm_cpu", "-n", "12", *session.posargs,
         env={"PYTEST_ADDOPTS": "--handoff-allow-unproven"},
