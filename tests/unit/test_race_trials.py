@@ -2,14 +2,12 @@
 first failure ends them and is judged against the race; a trial not proven proves no absence of
 the race, so with none failed the case is not proven rather than "the fix has arrived"."""
 
-from types import SimpleNamespace
-
 import pytest
 from test_known_defects import RACED
 
 from handoff.cases import Case
 from handoff.history import History
-from handoff.policies import KNOWN_RACES, known_defect, known_race
+from handoff.policies import KNOWN_RACES
 from handoff.responses import single
 from handoff.responses.waits import CaseRun
 from handoff.verdict import Verdict
@@ -18,16 +16,9 @@ RACE_CASE = Case("migration_enabled", "worker_stall", "chat", "stream", "tcp", "
 RACED_REASONS = RACED["decode_race/worker_stall-chat-tcp"]
 
 
-PARTITION = Case("migration_enabled", "partition", "completion", "stream", "tcp", "decode")
-#: vLLM's on the CPU: a decode worker cut off (`VllmBackend.races`).
-CPU_RACES = {("decode", "partition"): "prefill_same_id"}
-
-
-def trials(
-    monkeypatch, verdicts: list[Verdict], case: Case = RACE_CASE, races=None
-) -> tuple[Verdict, list[int]]:
+def trials(monkeypatch, verdicts: list[Verdict]) -> tuple[Verdict, list[int]]:
     """The race case's verdict where its trials give `verdicts` in turn (then pass), and the
-    variants the trials were run with; `races`: the backend's (`Backend.races`)."""
+    variants the trials were run with."""
     variants: list[int] = []
 
     def judged_once(run: CaseRun) -> Verdict:
@@ -35,8 +26,7 @@ def trials(
         return verdicts[len(variants) - 1] if len(variants) <= len(verdicts) else Verdict(True)
 
     monkeypatch.setattr(single, "judged_once", judged_once)
-    deployment = SimpleNamespace(backend=SimpleNamespace(races=races or {}))
-    run = CaseRun(deployment, case, None, None, History(), variant=7)
+    run = CaseRun(None, RACE_CASE, None, None, History(), variant=7)
     return single.exercise_race(run), variants
 
 
@@ -66,17 +56,3 @@ def test_a_trial_not_proven_goes_on_and_leaves_the_case_not_proven(monkeypatch, 
     assert len(variants) == single.RACE_TRIALS
     assert verdict.outcome == "not proven" and verdict.reasons == []
     assert verdict.unproven == [f"trial {at}: the boundary is unknown"]
-
-
-def test_a_backends_race_is_its_cases_known_defect_there_only():
-    """The decode partition is the race on a backend that names it, a plain case elsewhere."""
-    assert known_race(PARTITION, CPU_RACES) is KNOWN_RACES["prefill_same_id"]
-    assert known_defect(PARTITION, {}) is None and known_race(PARTITION, {}) is None
-    assert known_race(RACE_CASE, {}) is KNOWN_RACES["decode_race"]
-    other = Case("migration_enabled", "worker_stall", "completion", "stream", "tcp", "decode")
-    assert known_race(other, CPU_RACES) is None
-
-
-def test_the_prefill_race_seen_at_a_trial_is_its_strict_expected_failure(monkeypatch):
-    verdict, _ = trials(monkeypatch, [Verdict(False, list(RACED_REASONS))], PARTITION, CPU_RACES)
-    assert verdict.upstream_defect == KNOWN_RACES["prefill_same_id"].describe()

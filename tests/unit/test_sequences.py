@@ -5,14 +5,19 @@ breaks a run or moves the boundary the re-issued context is judged by, and fails
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from handoff.backend import Model
+from handoff.cases import Case
 from handoff.client import Chunk, Response
 from handoff.continuity import Migration, Takeover, check
+from handoff.responses.evidence import numbered
 from handoff.responses.sequences import Runs, runs, unserved
 from handoff_mocker import MockerBackend
-from handoff_mocker.origins import BASE, PERIOD, origin
+from handoff_mocker.origins import BASE, ENGINES, PERIOD, origin
 
 MOCKER = MockerBackend()
 PROMPT = 32
@@ -120,6 +125,16 @@ def test_runs_are_of_the_workers_that_received_the_request_in_order():
     assert unserved(Runs([5, 5], [0, 0]), three)  # one worker's output twice, received once
 
 
+def test_runs_whose_workers_are_not_known_for_certain_are_not_proven():
+    """No number for a worker (or one two workers share): the check is not made, and says so."""
+    result = judged(migrated(300), 300, served=None)
+    assert result.problems == []
+    assert result.unproven == [
+        "whether each run of tokens is a worker's that received the request: the workers' "
+        "numbers are not known for certain"
+    ]
+
+
 def test_a_token_no_worker_replayed_fails_and_tells_no_boundary():
     """A token replaced by a random draw (a worker not replaying: the annotation lost on the
     way), or by a word of the prompt: the count is unchanged, and only its origin tells."""
@@ -163,3 +178,23 @@ def test_a_unary_response_tells_its_boundary_by_its_tokens_too():
         ids=MOCKER.output_token_ids, origin=MOCKER.token_origin,
     )  # fmt: skip
     assert [p for p in result.problems if "1 replayed at the migration" in p], result.problems
+
+
+def worker_of(folder, port: int, name: str):
+    """A mocker worker of an aggregate case as its launch would make it (no process runs)."""
+    case = Case("migration_enabled", "worker_failure", "chat", "stream", "nats")
+    launch = MOCKER.worker("aggregate", case, Model("m", folder), {"system": port}, folder)
+    process = SimpleNamespace(argv=list(launch.argv))
+    return SimpleNamespace(name=name, process=process)
+
+
+def test_a_workers_number_is_its_traces_and_one_two_workers_share_is_no_number(tmp_path):
+    """`token_worker` reads the number the worker replays; `numbered` gives none where another
+    serving worker has it too (the ninth of a folder shares the first's)."""
+    workers = [worker_of(tmp_path, 9000 + n, f"w{n}") for n in range(ENGINES + 1)]
+    assert [MOCKER.token_worker(w) for w in workers] == [*range(ENGINES), 0]
+    deployment = SimpleNamespace(backend=MOCKER, serving=workers[:2])
+    assert numbered(deployment, ["w1", "w0"]) == [("w1", 1), ("w0", 0)]
+    assert numbered(deployment, ["w7"]) is None  # not serving: unknown
+    deployment.serving = workers
+    assert numbered(deployment, ["w0", "w1"]) is None

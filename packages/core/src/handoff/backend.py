@@ -108,10 +108,6 @@ class Backend(ABC):
     version: str
     topologies: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     unsupported: ClassVar[Mapping[str, str]] = {}
-    #: Dynamo's races that this engine shows in a case of a topology (`policies.KNOWN_RACES`
-    #: by name, for a topology and fault): those cases repeat until the race shows, as the
-    #: race's strict expected failure.
-    races: ClassVar[Mapping[tuple[str, str], str]] = {}
     restrictions: ClassVar[tuple[Restriction, ...]] = ()
     worker_ports: tuple[str, ...] = ("system",)
     #: The `worker_ports` names a role's worker uses, where it uses fewer than all of them.

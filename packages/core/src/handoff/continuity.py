@@ -166,6 +166,7 @@ def check(
         result.problems += told.problems
         result.runs = told
     if migration is not None:
+        result.problems += served_problems(told, migration.served, result)
         result.problems += context_problems(
             response, max_tokens, count, migration, result, ids, told
         )
@@ -196,6 +197,23 @@ def check(
         ]
         result.unproven = [u for u in result.unproven if u not in settled]
     return result
+
+
+def served_problems(
+    told: sequences.Runs | None, served: list[tuple[str, int]] | None, result: Continuity
+) -> list[str]:
+    """Whether each run of the response's tokens is a worker's that received the request, in
+    order (`sequences.unserved`), where the tokens name their worker; not proven where the
+    workers' numbers are not known for certain (`served` None)."""
+    if told is None or not told.workers:
+        return []
+    if served is None:
+        result.unproven.append(
+            "whether each run of tokens is a worker's that received the request: the workers' "
+            "numbers are not known for certain"
+        )
+        return []
+    return sequences.unserved(told, served)
 
 
 def differing_token(expected: str, received: str, at: int, count: TokenCounter) -> int | None:
@@ -359,13 +377,6 @@ def context_problems(
         first = f"{taken.worker}'s first (the token where the worker that generated them changes)"
         before, total = sum(told.lengths[:-1]), sum(told.lengths)
         problems = compared(before, carried, max_tokens, total, first, context_is, result)
-        if migration.served is None:
-            result.unproven.append(
-                "whether each run of tokens is a worker's that received the request: the "
-                "workers' numbers are unknown"
-            )
-        else:
-            problems += sequences.unserved(told, migration.served)
         if (record := held(response, migration, carried, ids)) is not None:
             problems += identity_problems(record, carried, max_tokens, total, taken, result)
         return problems

@@ -29,7 +29,7 @@ end-to-end cases):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 from handoff.cases import BROKER, MAY_NOT_MOVE, SILENT
@@ -224,29 +224,7 @@ KNOWN_DEFECTS = {
 }
 
 
-#: The user's stream stops after the tokens before the move and closes as if complete: no
-#: finish, no usage, no [DONE], no error; the move counted, never its success.
-HELD_UP_SIGNATURE = (
-    "the stream ended without its closing data: [DONE] frame",
-    "migration counter succeeded = 0, expected 1",
-    " lost",
-    "' expected, '' received",
-)
-HELD_UP = whole(
-    r"finish_reason None, expected 'length'",
-    r"None completion tokens in usage, expected \d+",
-    r"the stream ended without its closing data: \[DONE\] frame",
-    r"migration counter succeeded = 0, expected 1",
-    r"0 finish reasons in the response, expected 1",
-    r"the client received (\d+) tokens, expected (\d+): \d+ lost",
-    r"the response has no usage\.prompt_tokens: the re-issued context is unknown",
-    r"the migrated text departs from the reference at token \d+ \(character \d+\): "
-    r"'.*' expected, '' received",
-)
-
-#: Dynamo 1.6.1's races that cases provoke on purpose, repeated until they show
-#: (`responses.single.exercise_race`), by name: a topology's (`cases.Topology.heal_at_move`),
-#: or a case's on the backends whose engines show it (`Backend.races`).
+#: Dynamo 1.6.1's races that cases provoke on purpose (`cases.Topology.heal_at_move`), by topology.
 KNOWN_RACES = {
     "decode_race": KnownDefect(
         "worker_stall",
@@ -255,34 +233,34 @@ KNOWN_RACES = {
         "running again at the instant of the move misses the cancellation, and the request "
         "re-issued under the same id waits behind the one it lost until the HTTP layer closes "
         "the user's stream (13088: requests that hang after worker selection, open)",
-        HELD_UP_SIGNATURE,
-        HELD_UP,
-    ),
-    "prefill_same_id": KnownDefect(
-        "partition",
-        "Dynamo issue 13088",
-        "a request moved off a cut-off decode worker must complete on its successor; 1.6.1 "
-        "re-issues it to the prefill worker under the request id the first prefill had, and "
-        "at times that prefill never answers: no decode worker receives it, and the HTTP layer "
-        "closes the user's stream (13088: requests that hang after worker selection, open)",
-        HELD_UP_SIGNATURE,
-        HELD_UP,
+        (
+            "the stream ended without its closing data: [DONE] frame",
+            "migration counter succeeded = 0, expected 1",
+            " lost",
+            "' expected, '' received",
+        ),
+        # The user's stream stops after the tokens before the move and closes as if complete:
+        # no finish, no usage, no [DONE], no error; the move counted, never its success.
+        whole(
+            r"finish_reason None, expected 'length'",
+            r"None completion tokens in usage, expected \d+",
+            r"the stream ended without its closing data: \[DONE\] frame",
+            r"migration counter succeeded = 0, expected 1",
+            r"0 finish reasons in the response, expected 1",
+            r"the client received (\d+) tokens, expected (\d+): \d+ lost",
+            r"the response has no usage\.prompt_tokens: the re-issued context is unknown",
+            r"the migrated text departs from the reference at token \d+ \(character \d+\): "
+            r"'.*' expected, '' received",
+        ),
     ),
 }
 
 
-def known_race(case, races: Mapping[tuple[str, str], str]) -> KnownDefect | None:
-    """The race `case` provokes on purpose: its topology's where it is the race's fault, or the
-    one a backend's `races` names for its topology and fault; None for none."""
-    race = KNOWN_RACES.get(case.topology) or KNOWN_RACES.get(
-        races.get((case.topology, case.fault), "")
-    )
-    return race if race and race.fault == case.fault else None
-
-
-def known_defect(case, races: Mapping[tuple[str, str], str]) -> KnownDefect | None:
-    """The known defect `case` runs into on purpose: its race (`known_race`), else its fault's."""
-    return known_race(case, races) or KNOWN_DEFECTS.get(case.fault)
+def known_defect(case) -> KnownDefect | None:
+    """The known defect `case` runs into on purpose: its topology's race where it is the race's
+    fault, else its fault's."""
+    race = KNOWN_RACES.get(case.topology)
+    return race if race and race.fault == case.fault else KNOWN_DEFECTS.get(case.fault)
 
 
 def policy(name: str) -> Policy:

@@ -19,7 +19,6 @@ from handoff.machine import start_gate
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     Policy,
-    known_race,
     policy,
 )
 from handoff.polling import Deadline, interruptible
@@ -156,7 +155,7 @@ def deploy_and_exercise(
         else abandon.exercise_abandon
         if case.fault in ABANDONS
         else single.exercise_race
-        if known_race(case, deployment.backend.races)
+        if topology(case.topology).heal_at_move
         else single.exercise_one
     )
     return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))

@@ -257,7 +257,8 @@ def against_known_defect(
             False,
             [
                 f"passed, but {defect.issue} was expected to fail it ({defect.promise}): the "
-                f"fix has arrived; remove its entry from policies.KNOWN_DEFECTS"
+                f"fix has arrived; remove its entry from policies.KNOWN_DEFECTS (a race: "
+                f"from KNOWN_RACES)"
             ],
             verdict.phase,
             verdict.notes,

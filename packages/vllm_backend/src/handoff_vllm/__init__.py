@@ -338,12 +338,6 @@ class VllmBackend(DynamoGpuBackend):
         return env
 
     @property
-    def races(self) -> dict[tuple[str, str], str]:  # type: ignore[override]
-        """On the CPU, a decode worker cut off leaves its re-issued request unanswered at the
-        prefill worker in most runs, not all (docs/known-issues.md); not measured on CUDA."""
-        return {("decode", "partition"): "prefill_same_id"} if self.on_cpu else {}
-
-    @property
     def worker_niceness(self) -> int:  # type: ignore[override]
         return cpu.NICENESS if self.on_cpu else 0
 

@@ -203,19 +203,25 @@ def migration_evidence(
     )
     floor = backend.kv_transfer_floor_s(case)
     served = None
-    if taken:  # every worker that received it, in order: after two moves, three
+    if response_id:  # every worker that received it, in order: after two moves, three
         wanted = continuity.request_id(str(response_id))
         by_name = {holder.name: holder, **others}
-        names = worker_logs.received(by_name.values(), {wanted})[wanted]
-        served = numbered(backend, [by_name[name] for name in names])
+        names = worker_logs.received(by_name.values(), {wanted}).get(wanted, [])
+        served = numbered(deployment, names)
     return continuity.Migration(
         int(prompt), fault_at, taken, moved, received, floor, carried_at_least, served
     )
 
 
-def numbered(backend: Backend, workers: list[Worker]) -> list[tuple[str, int]] | None:
-    """Each of `workers` by name with the number its tokens name; None where any is unknown."""
-    numbers = [backend.token_worker(worker) for worker in workers]
-    if None in numbers:
+def numbered(deployment: Deployment, names: list[str]) -> list[tuple[str, int]] | None:
+    """The workers named, each with the number its tokens name (`Backend.token_worker`); None
+    where one is unknown, or shared with another worker of the deployment (a pool's folder
+    after many replacements): a run of the one could not be told from the other's."""
+    numbers = {w.name: deployment.backend.token_worker(w) for w in deployment.serving}
+    wanted = [numbers.get(name) for name in names]
+    shared = [n for n in set(wanted) if list(numbers.values()).count(n) > 1]
+    if None in wanted or shared:
         return None
-    return [(w.name, n) for w, n in zip(workers, numbers, strict=True) if n is not None]
+    return [
+        (name, number) for name, number in zip(names, wanted, strict=True) if number is not None
+    ]

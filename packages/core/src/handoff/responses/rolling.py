@@ -21,7 +21,7 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from handoff import metrics
+from handoff import continuity, metrics
 from handoff.backend import Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request
@@ -33,7 +33,6 @@ from handoff.machine.worker_logs import received
 from handoff.policies import expected_outcome
 from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.responses import evidence, joining, load, recovery, waits
-from handoff.responses.sequences import Runs, unserved
 from handoff.verdict import Verdict
 
 DRAIN = "graceful_shutdown"
@@ -298,7 +297,7 @@ def judge_rolling(
     """Each request with the evidence every request gets, cut where the logs show it handed
     over (`served`: the workers whose logs received each, in order); and the frontend's moves
     against the hand-overs, none failed."""
-    problems, notes, handovers = judged_requests(
+    problems, unproven, notes, handovers = judged_requests(
         deployment, case, steady, served, deadline, history
     )
     queued, rerouted = maybe_queued(steady, served), maybe_rerouted(steady, served)
@@ -318,7 +317,7 @@ def judge_rolling(
         passed=not problems,
         reasons=problems,
         phase="verdict",
-        unproven=idle_drains(steady, served),
+        unproven=unproven + idle_drains(steady, served),
         notes=[
             f"requests {', '.join(map(str, ns))}: {note}" if ns else note
             for note, ns in notes.items()
@@ -333,14 +332,16 @@ def judged_requests(
     served: dict[str, list[str]],
     deadline: Deadline,
     history: History,
-) -> tuple[list[str], dict[str, list[int]], int]:
+) -> tuple[list[str], list[str], dict[str, list[int]], int]:
     """Each request with the evidence every request gets (but the re-issued context, which a
     request moved by several drains has no one fault for: its text against the reference
     judges that where the backend has one), cut where the logs show it handed over, and only
-    ever away from a drained worker; the problems, the notes by request, the hand-overs."""
+    ever away from a drained worker; the problems, what could not be proven, the notes by
+    request, the hand-overs."""
     backend = deployment.backend
     outcome = expected_outcome(topology(case.topology).fault_window, case.policy, DRAIN)
     problems: list[str] = []
+    unproven: list[str] = []
     notes: dict[str, list[int]] = {}
     handovers = 0
     for n, (inflight, shape) in enumerate(steady.sent):
@@ -355,32 +356,19 @@ def judged_requests(
             case.policy, len(workers) > 1, backend, lambda: None,
         )  # fmt: skip
         found.problems += ["no worker's log names it"] if not workers else []
-        found.problems += crossed(deployment, found.runs, workers, found.unproven)
+        found.problems += continuity.served_problems(
+            found.runs, evidence.numbered(deployment, workers), found
+        )
         found.problems += [
             f"handed over from {left}, which was never drained"
             for left in workers[:-1]
             if left not in steady.drained_at
         ]
         problems += [f"{label}: {p}" for p in found.problems]
+        unproven += [f"{label}: {u}" for u in found.unproven]
         for note in found.notes:
             notes.setdefault(note, []).append(n)
-    return problems, notes, handovers
-
-
-def crossed(
-    deployment: Deployment, runs: Runs | None, workers: list[str], unproven: list[str]
-) -> list[str]:
-    """Runs of tokens from a worker other than those whose logs received the request, in
-    order (`sequences.unserved`), where the tokens name their worker; where a worker's number
-    is unknown, that is not proven."""
-    if runs is None or not runs.workers or not workers:
-        return []
-    by_name = {w.name: w for w in deployment.serving}
-    served = evidence.numbered(deployment.backend, [by_name[name] for name in workers])
-    if served is None:
-        unproven.append("whether each run of tokens is a worker's that received the request")
-        return []
-    return unserved(runs, served)
+    return problems, unproven, notes, handovers
 
 
 def idle_drains(steady: SteadyLoad, served: dict[str, list[str]]) -> list[str]:

@@ -69,7 +69,7 @@ def runs(ids: list[int], origin: TokenOrigin) -> Runs | None:
 
 
 def unserved(told: Runs, served: list[tuple[str, int]]) -> list[str]:
-    """The runs whose worker is not one the deployment says held the request then: the runs'
+    """What is wrong with whose the runs are, if anything: the runs'
     workers must be those that received it (`served`: each one's name and number, in the order
     the logs say it received the request), in that order. A worker that received it and
     generated nothing (moved on before its first token) is passed over; a run of a worker that

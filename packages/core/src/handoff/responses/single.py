@@ -79,9 +79,7 @@ RACE_TRIALS = 24
 def exercise_one(run: CaseRun) -> Verdict:
     """Send the request, fault the worker that holds it in its window, and judge the outcome,
     against the known defect of the case if there is one."""
-    return against_known_defect(
-        judged_once(run), known_defect(run.case, run.deployment.backend.races)
-    )
+    return against_known_defect(judged_once(run), known_defect(run.case))
 
 
 def exercise_race(run: CaseRun) -> Verdict:
@@ -95,14 +93,12 @@ def exercise_race(run: CaseRun) -> Verdict:
         verdict = judged_once(replace(run, variant=run.variant + trial - 1))
         if verdict.reasons:
             verdict.notes.append(f"trial {trial} of {RACE_TRIALS} failed")
-            return against_known_defect(
-                verdict, known_defect(run.case, run.deployment.backend.races)
-            )
+            return against_known_defect(verdict, known_defect(run.case))
         unproven += [f"trial {trial}: {why}" for why in verdict.unproven]
     if unproven:
         return Verdict(False, [], verdict.phase, verdict.notes, unproven=unproven)
     verdict.notes.append(f"{RACE_TRIALS} trials passed")
-    return against_known_defect(verdict, known_defect(run.case, run.deployment.backend.races))
+    return against_known_defect(verdict, known_defect(run.case))
 
 
 def judged_once(run: CaseRun) -> Verdict:
