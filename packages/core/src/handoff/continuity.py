@@ -115,8 +115,8 @@ class Migration:
     #: Tokens the frontend had received from the faulted worker before the fault (a unary
     #: response's in-flight proof): every one of them is in the context it re-issues.
     carried_at_least: int = 0
-    #: The faulted worker and the new one, each with the number its tokens name
-    #: (`Backend.token_worker`), where the tokens name their worker.
+    #: Every worker whose log received the request, in order (the faulted one first), each
+    #: with the number its tokens name (`Backend.token_worker`); None where one is unknown.
     served: list[tuple[str, int]] | None = None
 
 

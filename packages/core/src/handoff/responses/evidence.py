@@ -6,6 +6,7 @@ the context the frontend re-issued (continuity)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -219,8 +220,8 @@ def numbered(deployment: Deployment, names: list[str]) -> list[tuple[str, int]] 
     after many replacements): a run of the one could not be told from the other's."""
     numbers = {w.name: deployment.backend.token_worker(w) for w in deployment.serving}
     wanted = [numbers.get(name) for name in names]
-    shared = [n for n in set(wanted) if list(numbers.values()).count(n) > 1]
-    if None in wanted or shared:
+    workers_of = Counter(numbers.values())
+    if None in wanted or any(workers_of[number] > 1 for number in wanted):
         return None
     return [
         (name, number) for name, number in zip(names, wanted, strict=True) if number is not None

@@ -69,9 +69,9 @@ def runs(ids: list[int], origin: TokenOrigin) -> Runs | None:
 
 
 def unserved(told: Runs, served: list[tuple[str, int]]) -> list[str]:
-    """What is wrong with whose the runs are, if anything: the runs'
-    workers must be those that received it (`served`: each one's name and number, in the order
-    the logs say it received the request), in that order. A worker that received it and
+    """Why the runs' workers are not those that received the request, if they are not: they
+    must be (`served`: each one's name and number, in the order the logs say it received the
+    request), in that order. A worker that received it and
     generated nothing (moved on before its first token) is passed over; a run of a worker that
     never received it is a stream crossed with another request's."""
     rest = iter(number for _, number in served)
