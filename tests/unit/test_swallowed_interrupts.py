@@ -48,7 +48,8 @@ WAIT = """
 import os
 import signal
 
-from handoff.polling import Deadline, interruptible, poll_until
+from handoff.interrupts import interruptible
+from handoff.polling import Deadline, poll_until
 
 
 class CtrlCWhileFinalized:

@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 from handoff.errors import CaseFailure
+from handoff.interrupts import raise_if_interrupted
 
 T = TypeVar("T")
 
 POLL_INTERVAL_S = 0.05
-#: The signals that interrupted this process (the pytest plugin's handler adds them). Python
-#: swallows a KeyboardInterrupt raised inside a finalizer ("Exception ignored in"): a run must
-#: stop all the same, and a case stop at its next wait (`interruptible`).
-INTERRUPTS: list[str] = []
-#: How many of INTERRUPTS the waits inside `interruptible` have seen; None outside it.
-_seen: list[int | None] = [None]
-
-
-@contextmanager
-def interruptible() -> Iterator[None]:
-    """Inside, a wait raises KeyboardInterrupt once for a signal that came since it began, in
-    case the one the handler raised was swallowed; outside (a teardown), waits go on."""
-    _seen[0] = len(INTERRUPTS)
-    try:
-        yield
-    finally:
-        _seen[0] = None
-
-
-def _raise_if_interrupted() -> None:
-    if _seen[0] is not None and len(INTERRUPTS) > _seen[0]:
-        _seen[0] = len(INTERRUPTS)
-        raise KeyboardInterrupt(f"signal {INTERRUPTS[-1]}, swallowed where it arrived")
 
 
 class Timeout(CaseFailure):
@@ -70,7 +47,7 @@ def poll_until(
     `probe` returns (result, seen): `seen` describes the latest observation for the error.
     """
     while True:
-        _raise_if_interrupted()
+        raise_if_interrupted()
         result, seen = probe()
         if result is not None:
             return result

@@ -6,7 +6,6 @@ import argparse
 import importlib.metadata
 import io
 import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -15,14 +14,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import faults
+from handoff import faults, interrupts
 from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
+from handoff.interrupts import INTERRUPTS
 from handoff.machine import firewall, ownership
 from handoff.machine.environment import find_nats_server, handoff_command
 from handoff.plugins import configured_backend
-from handoff.polling import INTERRUPTS
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings
 from handoff.runs import durations
@@ -107,7 +106,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml reads its path
 def pytest_configure(config: pytest.Config) -> None:
-    _remember_interrupts()
+    interrupts.remember()
     if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
         _reap("before this run")
     for marker, text in MARKERS.items():
@@ -260,22 +259,6 @@ def _reap(when: str) -> None:
         print(f"handoff: killed {line}, left running by a run that no longer exists ({when})")
     for line in firewall.reap_orphans():
         print(f"handoff: deleted {line}, left in place by a run that no longer exists ({when})")
-
-
-def _remember_interrupts() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every case's teardown runs, and both are remembered; a
-    handler someone else installed is left alone."""
-    for sig, default in (
-        (signal.SIGINT, signal.default_int_handler),
-        (signal.SIGTERM, signal.SIG_DFL),
-    ):
-        if signal.getsignal(sig) is default:
-            signal.signal(sig, _raise_interrupt)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    INTERRUPTS.append(signal.Signals(signum).name)
-    raise KeyboardInterrupt(f"signal {INTERRUPTS[-1]}")
 
 
 @pytest.hookimpl(tryfirst=True)

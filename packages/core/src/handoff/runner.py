@@ -15,13 +15,14 @@ from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
+from handoff.interrupts import interruptible
 from handoff.machine import start_gate
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     Policy,
     policy,
 )
-from handoff.polling import Deadline, interruptible
+from handoff.polling import Deadline
 from handoff.pool import Pool, Pools
 from handoff.responses import abandon, load, rolling, single
 from handoff.responses.waits import (
