@@ -5,13 +5,16 @@ interrupted run hung in urllib3's pool queue so), and never twice."""
 import subprocess
 import sys
 
+from interrupted_runs import hears_ctrl_c
+
 PRELUDE = """
 import os
 import signal
+import sys
 import threading
 import time
 
-from handoff.interrupts import interruptible, raise_if_interrupted, remember, INTERRUPTS
+from handoff.machine.interrupts import interruptible, raise_if_interrupted, remember, INTERRUPTS
 
 remember()
 lock = threading.Lock()
@@ -19,19 +22,23 @@ lock.acquire()
 main = threading.get_ident()
 
 
-def sigint_while_main_waits_in_condition_enter():
+def until(condition, awaited):
     deadline = time.monotonic() + 30
-    while sys._current_frames()[main].f_code is not threading.Condition.__enter__.__code__:
-        assert time.monotonic() < deadline, "the main thread never waited in Condition.__enter__"
+    while not condition():
+        if time.monotonic() > deadline:
+            print(f"timed out waiting for {awaited}", flush=True)
+            os._exit(3)
         time.sleep(0.001)
+
+
+def sigint_while_main_waits_in_condition_enter():
+    enter = threading.Condition.__enter__.__code__
+    until(lambda: sys._current_frames()[main].f_code is enter, "the main thread to wait there")
     os.kill(os.getpid(), signal.SIGINT)
-    while not INTERRUPTS:
-        assert time.monotonic() < deadline, "the handler never ran"
-        time.sleep(0.001)
+    until(lambda: INTERRUPTS, "the handler to run")
     lock.release()
 
 
-import sys
 threading.Thread(target=sigint_while_main_waits_in_condition_enter, daemon=True).start()
 """
 
@@ -50,8 +57,9 @@ except KeyboardInterrupt as exc:
 
 def run(script: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + script], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-c", PRELUDE + script],
+        capture_output=True, text=True, timeout=60, preexec_fn=hears_ctrl_c,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -63,9 +71,9 @@ def test_a_sigint_inside_condition_enter_is_raised_once_out_of_it():
 
 
 RAISED_BY_A_WAIT = """
-import handoff.interrupts
+import handoff.machine.interrupts
 
-handoff.interrupts.RETRY_S = 0.5  # the wait comes first, unless the machine stalls
+handoff.machine.interrupts.RETRY_S = 0.5  # the wait comes first, unless the machine stalls
 raised = []
 try:
     with interruptible():

@@ -48,7 +48,7 @@ WAIT = """
 import os
 import signal
 
-from handoff.interrupts import interruptible
+from handoff.machine.interrupts import interruptible
 from handoff.polling import Deadline, poll_until
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from handoff.errors import CaseFailure
-from handoff.interrupts import raise_if_interrupted
+from handoff.machine.interrupts import raise_if_interrupted
 
 T = TypeVar("T")
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import faults, interrupts
+from handoff import faults
 from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
-from handoff.interrupts import INTERRUPTS
-from handoff.machine import firewall, ownership
+from handoff.machine import firewall, interrupts, ownership
 from handoff.machine.environment import find_nats_server, handoff_command
+from handoff.machine.interrupts import INTERRUPTS
 from handoff.plugins import configured_backend
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings

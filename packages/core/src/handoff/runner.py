@@ -15,8 +15,8 @@ from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
-from handoff.interrupts import interruptible
 from handoff.machine import start_gate
+from handoff.machine.interrupts import interruptible
 from handoff.machine.wallclock import step_reason
 from handoff.policies import (
     Policy,
