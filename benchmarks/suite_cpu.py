@@ -107,8 +107,9 @@ def print_costliest(tests: list[dict]) -> None:
 
 
 def print_occupancy(tests: list[dict], started: float, wall: float) -> None:
-    """How many pytest processes ran a test at once, second by second, and the tests of the
-    tail (from the last second all of them were busy): where the suite waits on a few."""
+    """How many pytest processes ran a test at once, second by second, what each ran in all
+    (the busiest bounds the wall), and the tests of the tail (from the last second all of them
+    were busy): where the suite waits on a few."""
     busy: list[set[int]] = [set() for _ in range(int(wall) + 1)]
     for test in tests:
         first = test["started"] - started
@@ -117,6 +118,13 @@ def print_occupancy(tests: list[dict], started: float, wall: float) -> None:
     counts = collections.Counter(len(pids) for pids in busy)
     print(
         "seconds with N processes busy: " + ", ".join(f"{n}: {counts[n]}" for n in sorted(counts))
+    )
+    per_process = collections.Counter()
+    for test in tests:
+        per_process[test["pid"]] += test["wall_s"]
+    print(
+        "each process's tests, wall summed: "
+        + ", ".join(f"{s:.0f}" for _, s in per_process.most_common())
     )
     most = max(counts, default=0)
     tail = max((s for s, pids in enumerate(busy) if len(pids) == most), default=0)

@@ -447,7 +447,7 @@ ABANDONED = Topology(
 
 #: Dynamo 1.6.1's race of the re-issued request, on purpose: a decode worker stalled and resumed
 #: the instant the frontend counts the move misses the cancellation, and the request re-issued
-#: under the same id waits behind the one it lost (docs/known-issues.md).
+#: to the prefill worker makes no progress while the one it lost runs (docs/known-issues.md).
 DECODE_RACE = Topology(
     name="decode_race",
     target_role="decode",

@@ -231,8 +231,9 @@ KNOWN_RACES = {
         "Dynamo issue 13088",
         "a request moved off a silent worker must complete on its successor; 1.6.1: a worker "
         "running again at the instant of the move misses the cancellation, and the request "
-        "re-issued under the same id waits behind the one it lost until the HTTP layer closes "
-        "the user's stream (13088: requests that hang after worker selection, open)",
+        "re-issued to the prefill worker makes no progress while the one it lost runs, until "
+        "the HTTP layer closes the user's stream (13088: requests that hang after worker "
+        "selection, open)",
         (
             "the stream ended without its closing data: [DONE] frame",
             "migration counter succeeded = 0, expected 1",

@@ -128,9 +128,9 @@ class Heal:
     moved stream's successor has streamed a token (`after_move`), so that the rest is judged
     with the worker back (it must take no late token from it). Not sooner: run again within
     milliseconds of the move, it can miss the frontend's cancellation, decode the request it
-    lost for seconds, and hold up the request re-issued under the same id until the user's
-    stream is closed (docs/known-issues.md); a successor that has streamed is past that. The
-    race case (`at_move`) runs it again at the move, on purpose.
+    lost for seconds, while the request re-issued to the prefill worker makes no progress
+    until the user's stream is closed (docs/known-issues.md); a successor that has streamed is
+    past that. The race case (`at_move`) runs it again at the move, on purpose.
     Once the move is counted, it is back long before its discovery lease runs out
     (`RESUME_BY_S`): a stall that outlives it leaves Dynamo 1.6.1 never routing to the worker
     again; but never within `MOVE_SETTLE_S` of the move. Called again once the responses have
