@@ -31,3 +31,12 @@ def running(processes: list[psutil.Process]) -> list[psutil.Process]:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 alive.append(proc)
     return alive
+
+
+def reap(processes: list[psutil.Process]) -> None:
+    """SIGKILL a test's own leftover processes (by pid) and wait until they are gone."""
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert alive == [], f"processes that outlived their SIGKILL by 30 s: {alive}"

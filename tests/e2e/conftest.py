@@ -10,7 +10,7 @@ import uuid
 
 import psutil
 import pytest
-from leaks import marked, running
+from leaks import marked, reap, running
 
 from handoff.machine.ownership import MARK_ENV
 
@@ -38,7 +38,9 @@ def nothing_left_running(request, handoff_mark):
     pool's own teardown fails the run if it leaves anything), and the docker engine that the
     container tests share (stopped, with its children, after them). A process is the test's
     if it is under the test's own tree or carries its mark: a child whose parent died before
-    it, re-parented to init (vLLM's EngineCore), or one detached into a session of its own."""
+    it, re-parented to init (vLLM's EngineCore), or one detached into a session of its own.
+    What a test leaves fails that test and is killed, so that the tests after it on the same
+    xdist worker are not blamed for it (a hung Ctrl-C once failed four more)."""
     yield
     pools = request.node.funcargs.get("handoff_pools")
     kept = {p.pid for p in pools.live_processes()} if pools else set()
@@ -48,7 +50,9 @@ def nothing_left_running(request, handoff_mark):
     tree = running(psutil.Process().children(recursive=True))
     ours = {p.pid: p for p in [*tree, *marked(handoff_mark)]}
     left = [p for pid, p in sorted(ours.items()) if pid not in kept]
-    assert left == [], f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+    named = [(p.pid, p.name()) for p in left]
+    reap(left)  # this test fails for them; the next one on this worker starts clean
+    assert left == [], f"processes left behind: {named}"
 
 
 #: The longest tests' modules, longest first (benchmarks/suite_cpu.py): the container tests'
