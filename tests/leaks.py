@@ -36,7 +36,15 @@ def running(processes: list[psutil.Process]) -> list[psutil.Process]:
 def reap(processes: list[psutil.Process]) -> None:
     """SIGKILL a test's own leftover processes (by pid) and wait until they are gone."""
     for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             process.kill()
     _, alive = psutil.wait_procs(processes, timeout=30)
     assert alive == [], f"processes that outlived their SIGKILL by 30 s: {alive}"
+
+
+def name_of(process: psutil.Process) -> str:
+    """Its name, or why it has none to give (gone meanwhile, or another user's)."""
+    try:
+        return process.name()
+    except psutil.Error as exc:
+        return type(exc).__name__

@@ -10,7 +10,7 @@ import uuid
 
 import psutil
 import pytest
-from leaks import marked, reap, running
+from leaks import marked, name_of, reap, running
 
 from handoff.machine.ownership import MARK_ENV
 
@@ -50,7 +50,7 @@ def nothing_left_running(request, handoff_mark):
     tree = running(psutil.Process().children(recursive=True))
     ours = {p.pid: p for p in [*tree, *marked(handoff_mark)]}
     left = [p for pid, p in sorted(ours.items()) if pid not in kept]
-    named = [(p.pid, p.name()) for p in left]
+    named = [(p.pid, name_of(p)) for p in left]
     reap(left)  # this test fails for them; the next one on this worker starts clean
     assert left == [], f"processes left behind: {named}"
 
