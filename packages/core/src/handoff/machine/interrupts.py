@@ -62,7 +62,6 @@ def _raise_outside_locking(signum: int, frame: object) -> None:
     elif _in_locking(frame) and _deferred_for() < DEFER_S:
         _retry_soon()
     else:
-        _stop_retrying()
         _raise("")
 
 
@@ -93,6 +92,7 @@ def _stop_retrying() -> None:
 
 
 def _raise(how: str) -> None:
+    _stop_retrying()
     _raised[0] = len(INTERRUPTS)
     raise KeyboardInterrupt(f"signal {INTERRUPTS[-1]}{how}")
 
@@ -114,7 +114,6 @@ def interruptible() -> Iterator[None]:
     finally:
         _seen[0] = None
         if _deferred and not _unwinding():
-            _stop_retrying()
             _raise("")
 
 
@@ -122,5 +121,4 @@ def raise_if_interrupted() -> None:
     if _seen[0] is not None and len(INTERRUPTS) > _seen[0]:
         _seen[0] = len(INTERRUPTS)
         if not _unwinding():
-            _stop_retrying()
             _raise("" if _raised[0] < len(INTERRUPTS) else ", swallowed where it arrived")
