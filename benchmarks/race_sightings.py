@@ -1,4 +1,4 @@
-"""Run a race case (cases.Topology.heal_at_move) alone several times in a row and print, for
+"""Run a race case (cases.Topology.race) alone several times in a row and print, for
 each run, the trial at which the race first showed and the verdict: the figures behind
 single.RACE_TRIALS. Each run is a fresh pytest process with its own deployment; no retries.
 

@@ -16,7 +16,8 @@ from handoff.verdict import Verdict, against_known_defect
 
 DRAIN = KNOWN_DEFECTS["drain_expired"]
 LEASE = KNOWN_DEFECTS["stall_past_lease"]
-RACE = KNOWN_RACES["decode_race"]
+RACE = KNOWN_RACES["decode_race", "worker_stall"]
+CUT_RACE = KNOWN_RACES["decode_race", "partition"]
 
 #: The frontend's 500, as an SSE error frame and as an HTTP 500's body (with and without the
 #: details it sometimes adds).
@@ -132,10 +133,25 @@ RACED = {
         "t876 t1844 t696 t3763 t2446' expected, '' received",
     ],
 }
+#: The cut-off worker's race, seen (trial 1 of 24, 2026-12-06).
+CUT_RACED = {
+    "decode_race/partition-completion-nats": [
+        "finish_reason None, expected 'length'",
+        "None completion tokens in usage, expected 3964",
+        "the stream ended without its closing data: [DONE] frame",
+        "migration counter succeeded = 0, expected 1",
+        "0 finish reasons in the response, expected 1",
+        "the client received 13 tokens, expected 3964: 3951 lost",
+        "the response has no usage.prompt_tokens: the re-issued context is unknown",
+        "the migrated text departs from the reference at token 14 (character 76): ' t2875 t1940 "
+        "t941 t3219 t1622 t2391 t287' expected, '' received",
+    ],
+}
 SEEN = (
     [(DRAIN, key, reasons) for key, reasons in DRAINED.items()]
     + [(LEASE, key, reasons) for key, reasons in UNROUTED.items()]
     + [(RACE, key, reasons) for key, reasons in RACED.items()]
+    + [(CUT_RACE, key, reasons) for key, reasons in CUT_RACED.items()]
 )
 #: Reasons like the race's that say something else went wrong: other tokens than the
 #: reference's, a token too many, a second success missing, an error frame.
@@ -182,7 +198,9 @@ def test_every_reason_the_defect_explains_alone_is_that_defect(defect, key, reas
     assert verdict.reasons == reasons
 
 
-@pytest.mark.parametrize("defect", [DRAIN, LEASE, RACE], ids=lambda d: d.issue)
+@pytest.mark.parametrize(
+    "defect", [DRAIN, LEASE, RACE, CUT_RACE], ids=lambda d: f"{d.issue} {d.fault}"
+)
 def test_every_pattern_of_a_defect_explains_a_reason_seen(defect):
     """No pattern is there for a reason no run gave."""
     seen = [r for d, _, reasons in SEEN if d is defect for r in reasons]
@@ -295,9 +313,15 @@ def test_a_reason_like_the_leases_that_says_more_went_wrong_is_a_plain_failure(l
 
 
 @pytest.mark.parametrize("lookalike", RACE_LOOKALIKES.values(), ids=RACE_LOOKALIKES.keys())
-def test_a_reason_like_the_races_that_says_more_went_wrong_is_a_plain_failure(lookalike):
-    reasons = [*RACED["decode_race/worker_stall-chat-tcp"], lookalike]
-    verdict = judged(reasons, RACE)
+@pytest.mark.parametrize(
+    ("race", "reasons"),
+    [(RACE, *RACED.values()), (CUT_RACE, *CUT_RACED.values())],
+    ids=["stall", "cut"],
+)
+def test_a_reason_like_the_races_that_says_more_went_wrong_is_a_plain_failure(
+    race, reasons, lookalike
+):
+    verdict = judged([*reasons, lookalike], race)
     assert verdict.upstream_defect == ""
     assert verdict.reasons[-1] == f"not Dynamo issue 13088 alone: it does not explain: {lookalike}"
 

@@ -33,7 +33,7 @@ def trials(monkeypatch, verdicts: list[Verdict]) -> tuple[Verdict, list[int]]:
 def test_the_race_seen_at_a_trial_ends_them_as_the_known_defect(monkeypatch):
     verdict, variants = trials(monkeypatch, [Verdict(True), Verdict(False, list(RACED_REASONS))])
     assert variants == [7, 8]
-    assert verdict.upstream_defect == KNOWN_RACES["decode_race"].describe()
+    assert verdict.upstream_defect == KNOWN_RACES["decode_race", "worker_stall"].describe()
     assert "trial 2 of 24 failed" in verdict.notes
 
 

@@ -1,6 +1,6 @@
-"""When a faulted worker is back once the frontend has moved its request: a partition at once,
-a stalled worker once the successor has streamed, the response has ended, or the lease-bound
-deadline has come, and never twice."""
+"""When a faulted worker is back once the frontend has moved its request: once the successor has
+streamed, the response has ended, or the lease-bound deadline has come, and never twice; in a
+race case, a stalled worker at the move, a cut-off one only at the end."""
 
 import signal
 import time
@@ -114,3 +114,23 @@ def test_a_partition_heals_as_soon_as_the_move_is_counted():
     heal.after_move([response(13)])
     assert cut.healed == 1 and holder.signals == []
     assert resumes(history)[0]["packets_dropped"] == 7
+
+
+def test_a_race_resumes_a_stalled_worker_the_instant_the_move_is_counted():
+    holder = Holder()
+    heal = Heal(holder, report("worker_stall"), History(), race=True)
+    heal.after_move([response(12)])
+    assert holder.signals == [signal.SIGCONT]
+
+
+def test_a_race_keeps_a_cut_off_worker_cut_off_until_the_responses_end():
+    """Healed, it would hear the cancellation and drop the request it lost: no race left."""
+    holder, cut = Holder(), Cut()
+    heal = Heal(holder, report("partition", cut), History(), race=True)
+    heal.after_move([response(12)])
+    heal.resume_by = heal.moved_at = time.monotonic() - MOVE_SETTLE_S - 0.01
+    heal.after_move([response(13)])
+    heal.after_move([response(14, finished=True)])
+    assert cut.healed == 0
+    heal()
+    assert cut.healed == 1

@@ -184,10 +184,12 @@ class Topology:
     #: "usage" (a plain request whose usage after the move is judged too), or "stop" and
     #: "stop_after" (one with a stop string across or after the move: `responses.stops`).
     request: str = "plain"
-    #: The silent worker runs again the instant the frontend counts the move, and the lifecycle
-    #: repeats until that race shows (`responses.single.exercise_race`); elsewhere a stalled
-    #: worker waits for the successor's first token.
-    heal_at_move: bool = False
+    #: The silent worker's race, on purpose (`policies.KNOWN_RACES`): the lifecycle repeats
+    #: until it shows (`responses.single.exercise_race`); a stalled worker runs again the
+    #: instant the frontend counts the move, a cut-off one stays cut off until the response
+    #: has ended (`responses.recovery.Heal`). Elsewhere a silent worker waits for the
+    #: successor's first token, and a cut decode worker is cut in its response's last seconds.
+    race: bool = False
     #: A load case whose faulted worker's replacement starts as the fault lands and must join
     #: while the streams are in flight (`responses.joining`).
     join: bool = False
@@ -445,9 +447,10 @@ ABANDONED = Topology(
     pre_merge_promise=Promise(each_value_of=("fault",)),
 )
 
-#: Dynamo 1.6.1's race of the re-issued request, on purpose: a decode worker stalled and resumed
-#: the instant the frontend counts the move misses the cancellation, and the request re-issued
-#: to the prefill worker makes no progress while the one it lost runs (docs/known-issues.md).
+#: Dynamo 1.6.1's race of the re-issued request, on purpose: the request re-issued to the prefill
+#: worker makes no progress while its silent decode worker runs the one it lost: a stalled worker
+#: resumed the instant the frontend counts the move, which misses the cancellation, or a cut-off
+#: one, which decodes it to its end (docs/known-issues.md).
 DECODE_RACE = Topology(
     name="decode_race",
     target_role="decode",
@@ -456,7 +459,8 @@ DECODE_RACE = Topology(
         Restriction(
             "fault",
             ("worker_stall", "partition"),
-            "the race is a silent worker's that runs again at the instant of the move",
+            "the race is a silent worker's that runs the request it lost while the move is "
+            "re-issued",
         ),
         Restriction(
             "policy",
@@ -466,9 +470,9 @@ DECODE_RACE = Topology(
         Restriction("response", ("stream",), "the race cuts a stream short: a stream shows it"),
     ),
     omitted_from_id=("policy", "response"),
-    pre_merge_ids=("worker_stall-chat-tcp",),
-    pre_merge_promise=Promise(values_of=(("fault", ("worker_stall",)),)),
-    heal_at_move=True,
+    pre_merge_ids=("worker_stall-chat-tcp", "partition-completion-nats"),
+    pre_merge_promise=Promise(each_value_of=("fault",)),
+    race=True,
 )
 
 #: An engine core killed under its live worker (`ENGINE`), while it decodes.

@@ -37,6 +37,8 @@ FIRST_SIGNAL = {
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
 CUT_PROOF_S = 10.0
+#: The least time over which a response's rate is measured before its rest is judged by it.
+RATE_WINDOW_S = 0.5
 #: drain_expired: the drained worker's own drain timeout, shorter than the rest of any such
 #: case's request; after it, the worker must exit on its own within DRAIN_EXIT_S.
 DRAIN_TIMEOUT_S = 1
@@ -163,6 +165,34 @@ def prove_in_flight(
             f"(worker reports it: {still_held}; response: {inflight.response.summary()})"
         )
     return f"{seen} {what}, response open, {holder.name} reports it in flight"
+
+
+def await_last_seconds(
+    inflight: InFlight,
+    tokens_seen: Callable[[], int],
+    max_tokens: int,
+    seconds: float,
+    what: str,
+    deadline: Deadline,
+) -> str:
+    """Wait until the rest of the response, at the rate it has streamed since this call (over
+    `RATE_WINDOW_S` at least), takes at most `seconds`; say how far it had got. A response that
+    ends first missed its fault window."""
+    first, since = tokens_seen(), time.monotonic()
+
+    def probe() -> tuple[str | None, str]:
+        if inflight.finished:
+            raise CaseFailure(
+                f"missed the fault window: the response ended before its last {seconds:g} s: "
+                f"{inflight.response.summary()}"
+            )
+        seen, elapsed = tokens_seen(), time.monotonic() - since
+        rate = (seen - first) / elapsed if elapsed >= RATE_WINDOW_S else 0.0
+        rest = max_tokens - seen
+        state = f"{seen} {what}, {rest} to come at {rate:.0f} tokens/s"
+        return (state if rate and rest <= rate * seconds else None), state
+
+    return poll_until(probe, deadline, f"the last {seconds:g} s of the response")
 
 
 def inject(

@@ -156,7 +156,7 @@ def deploy_and_exercise(
         else abandon.exercise_abandon
         if case.fault in ABANDONS
         else single.exercise_race
-        if topology(case.topology).heal_at_move
+        if topology(case.topology).race
         else single.exercise_one
     )
     return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))

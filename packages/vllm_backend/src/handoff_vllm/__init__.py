@@ -279,7 +279,10 @@ class VllmBackend(DynamoGpuBackend):
     def output_seconds(self, case) -> float | None:
         """On the CPU, where the pace differs most between machines: `max_tokens` is then
         the most a case asks for."""
-        return cpu.OUTPUT_SECONDS[case.topology] if self.on_cpu else None
+        if not self.on_cpu:
+            return None
+        seconds = cpu.OUTPUT_SECONDS
+        return seconds.get((case.topology, case.fault), seconds[case.topology])
 
     def output_tokens(self, text: str) -> int | None:
         return word_tokenizer.count(text) if self.builds_model else None

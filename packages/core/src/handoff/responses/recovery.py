@@ -130,7 +130,8 @@ class Heal:
     milliseconds of the move, it can miss the frontend's cancellation, decode the request it
     lost for seconds, while the request re-issued to the prefill worker makes no progress
     until the user's stream is closed (docs/known-issues.md); a successor that has streamed is
-    past that. The race case (`at_move`) runs it again at the move, on purpose.
+    past that. A race case (`race`) provokes it: a stalled worker runs again at the move, a
+    cut-off one, which decodes what it lost all along, stays cut off until the end.
     Once the move is counted, it is back long before its discovery lease runs out
     (`RESUME_BY_S`): a stall that outlives it leaves Dynamo 1.6.1 never routing to the worker
     again; but never within `MOVE_SETTLE_S` of the move. Called again once the responses have
@@ -138,13 +139,14 @@ class Heal:
     that a frontend that never moves it hangs."""
 
     def __init__(
-        self, holder: Worker, report: faults.FaultReport, history: History, at_move: bool = False
+        self, holder: Worker, report: faults.FaultReport, history: History, race: bool = False
     ) -> None:
-        """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here. `at_move`:
-        a stalled worker too runs again the instant the move is counted (the race, on purpose:
-        cases.DECODE_RACE)."""
+        """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here. `race`:
+        the race on purpose (cases.DECODE_RACE): a stall ends the instant the move is counted,
+        a partition only once the responses have ended (healed, the worker would hear the
+        cancellation and drop the request it lost)."""
         self.holder, self.report, self.history = holder, report, history
-        self.at_move = at_move
+        self.race = race
         self.resume_by = time.monotonic() + RESUME_BY_S
         self.streamed_at_move: list[int] | None = None
         self.moved_at = 0.0
@@ -153,6 +155,10 @@ class Heal:
     def after_move(self, moved: Sequence[InFlight]) -> None:
         """Called on every look at the responses the worker held, once the frontend has
         counted their moves."""
+        if self.race:
+            if self.report.fault in STALLS:
+                self()
+            return
         now = time.monotonic()
         streamed = [inflight.response.content_chunks for inflight in moved]
         if self.streamed_at_move is None:
@@ -164,7 +170,7 @@ class Heal:
             )
         )
         late = now >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
-        if self.report.fault not in SILENT or self.at_move or successors_streamed or late:
+        if self.report.fault not in SILENT or successors_streamed or late:
             self()
 
     def __call__(self) -> None:
