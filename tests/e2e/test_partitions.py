@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,3 +120,24 @@ def test_without_nft_the_partition_cases_are_not_run_and_the_rest_run(tmp_path):
         "(as root)"
     ]
     assert "1 passed" in done.stdout and CASE not in done.stdout.split(said[0])[1]
+
+
+class HeldUpMocker(MockerBackend):
+    """The mocker, told that its re-issued request waits for the one a cut-off decode worker
+    lost (as vLLM's does on Dynamo 1.6.1): its decode partition is cut in its last seconds."""
+
+    reissue_waits_for_lost_request = True
+
+
+def test_a_decode_worker_is_cut_off_in_its_responses_last_seconds(tmp_path):
+    """The late cut composed with a real case: what is left at the cut fits half the stream
+    timeout at the rate measured, and the request still moves and completes."""
+    case = Case.from_id("migration_enabled-partition-chat-stream-nats", "decode")
+    settings = Settings(stream_timeout_s=6)  # 3 s of the mocker's 3.5 s response to cut in
+    result = run_case(HeldUpMocker(), case, tmp_path, settings, 120)
+    assert result.verdict.passed, result.verdict.reasons
+    (proof,) = [e.data["how"] for e in result.history.events if e.name == "in_flight_proven"]
+    late = re.fullmatch(r".*; then (\d+) tokens, (\d+) to come at (\d+) tokens/s", proof)
+    assert late, proof
+    seen, rest, rate = map(int, late.groups())
+    assert seen > 5 and rest <= rate * 3 and seen + rest == 600, proof

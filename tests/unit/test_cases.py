@@ -98,7 +98,7 @@ PUBLISHED_PRE_MERGE = {
         "close_after_move-completion-tcp",
         "close_in_stall-chat-tcp",
     ],
-    "decode_race": ["worker_stall-chat-tcp", "partition-completion-nats"],
+    "decode_race": ["worker_stall-chat-tcp"],
     "engine_core": [
         "migration_enabled-chat-stream-nats",
         "migration_disabled-completion-unary-tcp",

@@ -1,7 +1,8 @@
-"""Where a decode worker is cut off: in its response's last half stream timeout, so that the
-request it lost has ended before the frontend moves it (Dynamo 1.6.1 holds the re-issued
-prefill until then), except in the race case, which cuts early on purpose and is not proven
-where the lost request could not outlast the HTTP layer's window."""
+"""Where a decode worker is cut off: where the backend's re-issued request waits for the one the
+cut-off worker lost (vLLM on Dynamo 1.6.1), in its response's last half stream timeout, so
+that the lost request has ended before the frontend moves it; except in the race case, which
+cuts early on purpose and is not proven where the lost request could not outlast the HTTP
+layer's window."""
 
 import time
 from types import SimpleNamespace
@@ -55,38 +56,74 @@ def test_a_response_that_ends_first_missed_the_fault_window():
         faults.await_last_seconds(stream, stream.seen, 10_000, 0.01, "tokens", Deadline(5))
 
 
+HOLDS_UP = SimpleNamespace(reissue_waits_for_lost_request=True)
+
+
 @pytest.mark.parametrize(
     ("case_id", "topology", "late"),
     [
         ("migration_enabled-partition-chat-stream-nats", "decode", True),
+        ("max_seq_len_not_exceeded-partition-completion-stream-tcp", "decode", True),
+        ("migration_disabled-partition-chat-stream-nats", "decode", False),  # nothing re-issued
+        ("max_seq_len_exceeded-partition-chat-stream-nats", "decode", False),
         ("migration_enabled-worker_stall-chat-stream-nats", "decode", False),
         ("migration_enabled-partition-chat-stream-nats", "aggregate", False),
         ("partition-completion-nats", "decode_race", False),
     ],
 )
-def test_only_a_cut_decode_worker_outside_the_race_is_cut_late(case_id, topology, late):
-    assert cut_late(Case.from_id(case_id, topology)) is late
+def test_only_a_cut_decode_worker_whose_request_moves_is_cut_late(case_id, topology, late):
+    assert cut_late(Case.from_id(case_id, topology), HOLDS_UP) is late
 
 
-def premise(case_id: str, max_tokens: int, pace: Pace | None) -> list[str]:
-    """What race_premise says of a request of `max_tokens`, cut after 10 tokens read in 0.1 s."""
+def test_a_backend_whose_reissue_waits_for_nothing_is_cut_as_soon_as_proven():
+    case = Case.from_id("migration_enabled-partition-chat-stream-nats", "decode")
+    assert not cut_late(case, SimpleNamespace(reissue_waits_for_lost_request=False))
+
+
+def premise(case_id: str, max_tokens: int, pace: Pace | None, seen: int = 10) -> list[str]:
+    """What race_premise says of a request of `max_tokens`, cut after `seen` tokens that came
+    at 100 a second from the first, 0.5 s after the sending."""
     case = Case.from_id(case_id, "decode_race")
     planned = Planned(None, Shape("p", 64, max_tokens), pace, None)
-    sent = Sent(None, 0.0, [], None, seen=10, proven_at=0.1)
+    frames = [SimpleNamespace(text=" t1", at=0.5 + n / 100) for n in range(seen)]
+    inflight = SimpleNamespace(response=SimpleNamespace(chunks=frames))
+    sent = Sent(inflight, 0.0, [], None, seen=seen, proven_at=frames[-1].at if frames else 0.5)
     return race_premise(case, planned, sent, Settings(stream_timeout_s=5))
 
 
-def test_the_cut_race_shows_where_the_lost_request_outlasts_the_window():
-    assert premise("partition-completion-nats", 3964, Pace(157, 198)) == []
+NOT_SHOWN = "under 1.5 times the HTTP layer's 10 s window: the race could not show"
 
 
 @pytest.mark.parametrize(
-    ("max_tokens", "pace"), [(2000, Pace(157, 198)), (1400, None)], ids=["paced", "unpaced"]
+    ("max_tokens", "seen", "pace"),
+    [
+        (3964, 10, Pace(157, 198)),
+        (2980, 10, Pace(157, 198)),  # 15.0 s to come at the fastest pace: the bound itself
+        (1511, 10, None),  # 15.01 s at the 100 a second the stream came at
+    ],
 )
-def test_the_cut_race_is_not_proven_where_the_lost_request_ends_inside_the_window(max_tokens, pace):
-    """At 198 tokens/s (or the 100 a second before the fault), the rest ends in under 15 s."""
-    [why] = premise("partition-completion-nats", max_tokens, pace)
-    assert why.endswith("under 1.5 times the HTTP layer's 10 s window: the race could not show")
+def test_the_cut_race_shows_where_the_lost_request_outlasts_the_window(max_tokens, seen, pace):
+    assert premise("partition-completion-nats", max_tokens, pace, seen) == []
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "seen", "pace"),
+    [
+        (2700, 10, Pace(157, 198)),  # 17.1 s at the slowest pace, 13.6 s at the fastest
+        (3964, 1010, Pace(157, 198)),  # 14.9 s once the tokens seen are counted
+        (1400, 10, None),  # 13.9 s at 100 a second from the first frame (not from the sending)
+    ],
+)
+def test_the_cut_race_is_not_proven_where_the_lost_request_ends_inside_the_window(
+    max_tokens, seen, pace
+):
+    [why] = premise("partition-completion-nats", max_tokens, pace, seen)
+    assert why.endswith(NOT_SHOWN)
+
+
+def test_the_cut_race_is_not_proven_where_its_pace_is_unknown():
+    [why] = premise("partition-completion-nats", 3964, None, seen=1)
+    assert why.startswith("the pace is unknown")
 
 
 def test_the_stall_race_has_no_such_premise():

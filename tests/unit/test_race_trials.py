@@ -16,7 +16,9 @@ RACE_CASE = Case("migration_enabled", "worker_stall", "chat", "stream", "tcp", "
 RACED_REASONS = RACED["decode_race/worker_stall-chat-tcp"]
 
 
-def trials(monkeypatch, verdicts: list[Verdict]) -> tuple[Verdict, list[int]]:
+def trials(
+    monkeypatch, verdicts: list[Verdict], case: Case = RACE_CASE
+) -> tuple[Verdict, list[int]]:
     """The race case's verdict where its trials give `verdicts` in turn (then pass), and the
     variants the trials were run with."""
     variants: list[int] = []
@@ -26,7 +28,7 @@ def trials(monkeypatch, verdicts: list[Verdict]) -> tuple[Verdict, list[int]]:
         return verdicts[len(variants) - 1] if len(variants) <= len(verdicts) else Verdict(True)
 
     monkeypatch.setattr(single, "judged_once", judged_once)
-    run = CaseRun(None, RACE_CASE, None, None, History(), variant=7)
+    run = CaseRun(None, case, None, None, History(), variant=7)
     return single.exercise_race(run), variants
 
 
@@ -47,6 +49,13 @@ def test_every_trial_passed_says_the_fix_has_arrived(monkeypatch):
     verdict, variants = trials(monkeypatch, [])
     assert len(variants) == single.RACE_TRIALS
     assert not verdict.passed and "the fix has arrived" in verdict.reasons[0]
+
+
+def test_the_cut_off_workers_race_is_one_trial_its_premise_decides(monkeypatch):
+    cut = Case("migration_enabled", "partition", "completion", "stream", "nats", "decode_race")
+    verdict, variants = trials(monkeypatch, [], cut)
+    assert len(variants) == 1
+    assert "1 trial(s) passed" in verdict.notes and "the fix has arrived" in verdict.reasons[0]
 
 
 @pytest.mark.parametrize("at", [1, single.RACE_TRIALS])

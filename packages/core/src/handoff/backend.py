@@ -124,6 +124,10 @@ class Backend(ABC):
     #: lazy work, a KV transfer's handshake): each worker is served one through a frontend
     #: without the case's settings before the case's frontend starts (`Deployment._warm`).
     slow_first_request: ClassVar[bool] = False
+    #: A request re-issued to the prefill worker waits for the one its cut-off decode worker
+    #: lost to end (Dynamo 1.6.1 with vLLM: docs/known-issues.md): a decode worker is then cut
+    #: off in its response's last seconds (`responses.single.cut_late`), but in the race case.
+    reissue_waits_for_lost_request: ClassVar[bool] = False
     #: Why not, for the verdict's note, when `deterministic` is False.
     nondeterministic_because: ClassVar[str] = "its output is not deterministic"
     #: A counter of completed KV transfers that decode workers export on their system port:

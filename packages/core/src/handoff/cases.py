@@ -470,8 +470,10 @@ DECODE_RACE = Topology(
         Restriction("response", ("stream",), "the race cuts a stream short: a stream shows it"),
     ),
     omitted_from_id=("policy", "response"),
-    pre_merge_ids=("worker_stall-chat-tcp", "partition-completion-nats"),
-    pre_merge_promise=Promise(each_value_of=("fault",)),
+    # The cut-off worker's race is nightly: after other cases on its pool it once showed
+    # otherwise (docs/known-issues.md).
+    pre_merge_ids=("worker_stall-chat-tcp",),
+    pre_merge_promise=Promise(values_of=(("fault", ("worker_stall",)),)),
     race=True,
 )
 

@@ -218,6 +218,14 @@ class Response:
         return sum(1 for c in self.chunks if c.text)
 
     @property
+    def streamed_tokens(self) -> int:
+        """The tokens the frames carried: as many as a frame's log-probabilities count where it
+        has them (an engine may put several tokens in one frame), else one a content frame."""
+        return sum(
+            len(tops) if (tops := c.top_logprobs) is not None else 1 for c in self.chunks if c.text
+        )
+
+    @property
     def text(self) -> str:
         return "".join(c.text for c in self.chunks)
 

@@ -104,6 +104,7 @@ class VllmBackend(DynamoGpuBackend):
     }
     #: The engine decodes a guide (xgrammar): a response that completes is checked against it.
     decodes_guides = True
+    reissue_waits_for_lost_request = True
     #: On the CPU a disaggregated worker's first request took 3.6 s to its first token, and
     #: once over the stall cases' 5 s stream timeout, which moved the warm-up request that
     #: times the engine (benchmarks/RESULTS.md); a first answer of 4,096 tokens once took 20 s.

@@ -99,9 +99,9 @@ OUTPUT_SECONDS = {
     "rolling": 10.0, "usage": 10.0, "stop": 10.0,
     "stop_after": 10.0,
     # The cut-off worker's race shows only where the request it lost outlasts the HTTP layer's
-    # 10 s window (`responses.single.race_premise`): sized by seconds here, on any machine.
-    # Its topology's 4,000 tokens bound it, and the stall's 8 s give that race its 1,536
-    # tokens of before.
+    # 10 s window 1.5 times (`responses.single.race_premise`): sized by seconds, up to the
+    # topology's 4,000 tokens, which hold 15 s up to about 264 tokens a second (not proven on
+    # a faster machine). The stall's 8 s give that race its 1,536 tokens of before.
     ("decode_race", "partition"): 20.0,
 }  # fmt: skip
 #: The frontend's stream timeout in the stall and partition cases, in whole seconds. It also

@@ -74,6 +74,14 @@ class Sent:
 #: over 20 runs (first at trial 1 to 11: benchmarks/RESULTS.md): at 0.26 a trial, 24 trials all
 #: miss it with a probability of 0.74^24, about 0.08%.
 RACE_TRIALS = 24
+
+
+def race_trials(case: Case) -> int:
+    """`RACE_TRIALS` for the stall's race, which a few milliseconds decide; one for the cut-off
+    worker's, which its premise decides (`race_premise`)."""
+    return 1 if case.fault == "partition" else RACE_TRIALS
+
+
 #: How many times the HTTP layer's window the request a cut-off worker lost must outlast for
 #: the race to show (`race_premise`).
 RACE_REST_OVER_WINDOW = 1.5
@@ -87,20 +95,22 @@ def exercise_one(run: CaseRun) -> Verdict:
 
 def exercise_race(run: CaseRun) -> Verdict:
     """The lifecycle again and again on one deployment, each trial a request of its own prompt,
-    until one fails (the race showed, judged against its known defect) or `RACE_TRIALS` pass
-    (it did not: the strict expectation of the defect fails the case). A trial not proven
-    proves no absence of the race: with no trial failed, the case is then not proven."""
+    until one fails (the race showed, judged against its known defect) or all of
+    `race_trials` pass (it did not: the strict expectation of the defect fails the case). A
+    trial not proven proves no absence of the race: with no trial failed, the case is then not
+    proven."""
     unproven: list[str] = []
-    for trial in range(1, RACE_TRIALS + 1):
-        run.history.record("trial", number=trial, of=RACE_TRIALS)
+    trials = race_trials(run.case)
+    for trial in range(1, trials + 1):
+        run.history.record("trial", number=trial, of=trials)
         verdict = judged_once(replace(run, variant=run.variant + trial - 1))
         if verdict.reasons:
-            verdict.notes.append(f"trial {trial} of {RACE_TRIALS} failed")
+            verdict.notes.append(f"trial {trial} of {trials} failed")
             return against_known_defect(verdict, known_defect(run.case))
         unproven += [f"trial {trial}: {why}" for why in verdict.unproven]
     if unproven:
         return Verdict(False, [], verdict.phase, verdict.notes, unproven=unproven)
-    verdict.notes.append(f"{RACE_TRIALS} trials passed")
+    verdict.notes.append(f"{trials} trial(s) passed")
     return against_known_defect(verdict, known_defect(run.case))
 
 
@@ -146,6 +156,15 @@ def judged_once(run: CaseRun) -> Verdict:
     return found
 
 
+def streamed_rate(sent: Sent) -> float | None:
+    """Tokens a second from the response's first content frame to its proof; None with fewer
+    than two frames."""
+    frames = [c.at for c in sent.inflight.response.chunks if c.text and c.at <= sent.proven_at]
+    if len(frames) < 2 or frames[-1] <= frames[0]:
+        return None
+    return (len(frames) - 1) / (frames[-1] - frames[0])
+
+
 def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -> list[str]:
     """Why the cut-off worker's race (cases.DECODE_RACE) could not show, if it could not: the
     request the worker lost must outlast the HTTP layer's window (twice the stream timeout)
@@ -154,8 +173,10 @@ def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -
     worker that streams."""
     if not (topology(case.topology).race and case.fault == "partition"):
         return []
-    pace = planned.pace
-    rate = pace.fastest if pace else sent.seen / max(sent.proven_at - sent.sent_at, 1e-3)
+    rate = planned.pace.fastest if planned.pace else streamed_rate(sent)
+    if rate is None:
+        return ["the pace is unknown: too few tokens before the cut to tell whether the race "
+                "could show"]  # fmt: skip
     rest_s = (planned.shape.max_tokens - sent.seen) / rate
     window_s = 2 * settings.stream_timeout_s
     if rest_s >= RACE_REST_OVER_WINDOW * window_s:
@@ -259,25 +280,32 @@ def send_and_prove(
     proof = faults.prove_in_flight(
         backend, holder, inflight, tokens_seen, where.fault_window, needed, what, deadline
     )
-    if cut_late(case):
-        rest_s = settings.stream_timeout_s / 2
+    if cut_late(case, backend):
+        rest_s, response = settings.stream_timeout_s / 2, inflight.response
         proof += "; then " + faults.await_last_seconds(
-            inflight, tokens_seen, request.max_tokens, rest_s, what, deadline
-        )
+            inflight, lambda: response.streamed_tokens, request.max_tokens, rest_s, "tokens",
+            deadline,
+        )  # fmt: skip
     history.record("in_flight_proven", how=proof)
     sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
     sent.evidence = tuple(transfer.evidence())
     return sent
 
 
-def cut_late(case: Case) -> bool:
+def cut_late(case: Case, backend: Backend) -> bool:
     """Whether the fault lands in the response's last half stream timeout: a decode worker cut
-    off decodes the request it lost to its end, deaf to the cancellation, and on Dynamo 1.6.1
-    the request re-issued to the prefill worker makes no progress until that one ends
-    (docs/known-issues.md). Cut so late, it has ended before the frontend moves it. The race
-    case (cases.DECODE_RACE) cuts early, on purpose."""
+    off decodes the request it lost to its end, deaf to the cancellation, and where the
+    backend's re-issued request waits for that one to end (`reissue_waits_for_lost_request`),
+    a request that must complete is cut so late that it has ended before the frontend moves
+    it. The race case (cases.DECODE_RACE) cuts early, on purpose."""
     where = topology(case.topology)
-    return case.fault == "partition" and where.target_role == "decode" and not where.race
+    return (
+        backend.reissue_waits_for_lost_request
+        and case.fault == "partition"
+        and where.target_role == "decode"
+        and not where.race
+        and expected_outcome(where.fault_window, case.policy, case.fault).completes
+    )
 
 
 def frontend_counted(request: Request) -> bool:
