@@ -93,6 +93,7 @@ PUBLISHED_PRE_MERGE = {
     "usage": [],
     "stop": ["worker_failure-chat-stream-nats"],
     "stop_after": [],
+    "min_tokens": [],
     "abandoned": [
         "client_close-chat-nats",
         "close_after_move-completion-tcp",

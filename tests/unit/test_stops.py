@@ -4,6 +4,7 @@ the real engine)."""
 
 import pytest
 
+from handoff.backend import Shape
 from handoff.client import Chunk, Request, Response, Stop
 from handoff.continuity import Migration, Takeover
 from handoff.errors import HandoffError
@@ -154,3 +155,56 @@ def test_a_string_after_the_move_needs_the_move_before_it(carried, where):
     assert found.problems == [] and len(getattr(found, where)) == 1, found
     if where == "notes":
         assert found.notes[0].startswith("the move carried 3 tokens, before the stop string")
+
+
+class Words:
+    """A backend whose reference output is `words`, one a token."""
+
+    name = "words"
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+
+    def stop_text(self, api, shape, begins, ends):
+        return " ".join(self.words[begins:ends])
+
+
+SHAPE = Shape("p", 4, 40)  # min_tokens 20: a first string at tokens 16-17, the second at 20-21
+DISTINCT = [f"w{i}" for i in range(40)]
+
+
+def test_min_tokens_covers_the_first_string_and_the_response_ends_at_the_second():
+    stop = stops.planned(Words(DISTINCT), "completion", SHAPE, 5, "min_tokens")
+    assert (stop.skipped, stop.skipped_begins, stop.min_tokens) == ("w16 w17", 16, 20)
+    assert (stop.text, stop.begins, stop.ends, stop.spans) == ("w20 w21", 20, 22, False)
+    body = Request("completion", True, "m", "p", 40, stop=stop).body()
+    assert body["stop"] == ["w16 w17", "w20 w21"] and body["min_tokens"] == 20
+    assert body["ignore_eos"] is False
+    assert "min_tokens" not in REQUEST.body()
+
+
+@pytest.mark.parametrize(
+    ("at", "word"),
+    [(3, "w20"), (18, "w16"), (20, "w16")],
+    ids=["the second string earlier", "the first again, ending at min_tokens", "the same two"],
+)
+def test_stop_strings_that_match_again_cannot_plan_a_min_tokens_case(at, word):
+    words = list(DISTINCT)
+    words[at : at + 2] = [word, f"w{int(word[1:]) + 1}"]
+    with pytest.raises(HandoffError, match="match again where planned only once"):
+        stops.planned(Words(words), "completion", SHAPE, 5, "min_tokens")
+
+
+@pytest.mark.parametrize(("carried", "where"), [(15, "notes"), (16, "unproven")])
+def test_a_min_tokens_move_must_come_before_the_first_string(carried, where):
+    stop = stops.planned(Words(DISTINCT), "completion", SHAPE, 5, "min_tokens")
+    request = Request("completion", True, "m", "p", 40, stop=stop)
+    found = stops.check(
+        request, response(prompt=PROMPT + carried), OWED, NAME, Migration(PROMPT, 0.0, TAKEN)
+    )
+    assert len(getattr(found, where)) == 1, found
+    if where == "notes":
+        assert found.notes[0] == (
+            "the move carried 15 tokens, before the stop strings: the first (tokens 17-18) "
+            "passed, inside min_tokens 20; the second (tokens 21-22) ended it as owed"
+        )

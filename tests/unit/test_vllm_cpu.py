@@ -111,6 +111,7 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "usage": aggregate,
         "stop": aggregate,
         "stop_after": aggregate,
+        "min_tokens": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

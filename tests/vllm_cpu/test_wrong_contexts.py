@@ -21,6 +21,8 @@ from handoff_vllm import VllmBackend, rule
 HERE = Path(__file__).resolve().parents[1] / "perturbing_worker"
 MOVED = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "aggregate")
 STOPPED = Case.from_id("worker_failure-completion-stream-tcp", "stop")
+#: Its stop strings after the move, the first inside `min_tokens`.
+STOPPED_LATER = Case.from_id("worker_failure-chat-stream-nats", "min_tokens")
 TRANSFERRED = Case.from_id("worker_failure-chat-stream-nats", "kv_transfer")
 #: What a prefill worker can get wrong and still hand over KV of the prompt's length.
 KV_WRONGS = ("another request's prompt of the same length", "a KV block of prompt tokens replaced")
@@ -87,6 +89,17 @@ def test_a_successor_whose_first_token_lacks_its_log_probabilities_fails_by_the_
     reasons = run_wrong(vllm_cpu, tmp_path, MOVED, name)
     counts = re.search(r"(\d+) tokens carry log-probabilities; the client received (\d+)", reasons)
     assert counts and int(counts[2]) - int(counts[1]) == 1, reasons
+
+
+def test_a_successor_whose_first_word_is_wrong_fails_a_min_tokens_case_by_its_text(
+    vllm_cpu, tmp_path
+):
+    """Its stop strings come long after the move, and the engine's context is right, so both
+    still match where planned: the one wrong word the user got is what fails the case."""
+    reasons = run_wrong(vllm_cpu, tmp_path, STOPPED_LATER, "the first token replaced")
+    assert reasons.startswith("the text departs from the reference before its stop string at "), (
+        reasons
+    )
 
 
 def test_a_successor_that_breaks_a_stop_string_across_the_move_fails_by_finish_count_and_text(

@@ -182,7 +182,8 @@ class Topology:
     load: bool = False
     #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
     #: "usage" (a plain request whose usage after the move is judged too), or "stop" and
-    #: "stop_after" (one with a stop string across or after the move: `responses.stops`).
+    #: "stop_after" (one with a stop string across or after the move: `responses.stops`), or
+    #: "min_tokens" (stop strings after it, the first inside `min_tokens`).
     request: str = "plain"
     #: The silent worker's race, on purpose (`policies.KNOWN_RACES`): the lifecycle repeats
     #: until it shows (`responses.single.exercise_race`); a stalled worker runs again the
@@ -410,8 +411,13 @@ STOP_AFTER = replace(
     pre_merge_promise=Promise(),
     request="stop_after",
 )
+#: The same with `min_tokens` across the move: a first stop string after the move ends before
+#: `min_tokens`, so the response must pass it and end at a second one just after. Lost on the
+#: way, the response ends at the first; given whole to the new worker instead of less the tokens
+#: carried, it passes the second too (Dynamo PR 13600 rebases it). Nightly only.
+MIN_TOKENS = replace(STOP_AFTER, name="min_tokens", request="min_tokens")
 #: The topologies whose request carries a stop string (`responses.stops`).
-STOPS = (STOP.name, STOP_AFTER.name)
+STOPS = (STOP.name, STOP_AFTER.name, MIN_TOKENS.name)
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
 ABANDONED = Topology(
@@ -645,6 +651,7 @@ TOPOLOGIES: dict[str, Topology] = {
         USAGE,
         STOP,
         STOP_AFTER,
+        MIN_TOKENS,
         ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.

@@ -71,12 +71,17 @@ class Stop:
     """A stop string the output must end at: the frontend stops the response once `text` has
     been generated, `ends` tokens in, and gives the user what came before it, the first
     `begins` tokens (the string excluded, OpenAI's rule). `spans`: its match must span the
-    request's move; else the string lies wholly after it."""
+    request's move; else the string lies wholly after it. `skipped`: a second stop string,
+    earlier in the output from token `skipped_begins` on, that the request's `min_tokens` (the
+    tokens the response must have before any stop string ends it) makes the response pass."""
 
     text: str
     begins: int
     ends: int
     spans: bool = True
+    skipped: str | None = None
+    skipped_begins: int = 0
+    min_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,10 @@ class Request:
         if self.annotated:
             body["nvext"] = {"annotations": list(self.annotations.values)}
         if self.stop is not None:
-            body.update(stop=[self.stop.text], ignore_eos=False)
+            strings = [s for s in (self.stop.skipped, self.stop.text) if s is not None]
+            body.update(stop=strings, ignore_eos=False)
+            if self.stop.min_tokens is not None:
+                body["min_tokens"] = self.stop.min_tokens
         return body
 
     @property

@@ -225,8 +225,7 @@ def plan(
         )
         request = replace(request, max_tokens=shape.max_tokens)
     if where.request in STOPS:
-        spans = where.request == "stop"
-        planned_stop = stops.planned(backend, case.api, shape, in_flight_tokens, spans)
+        planned_stop = stops.planned(backend, case.api, shape, in_flight_tokens, where.request)
         request = replace(request, stop=planned_stop)
     owed = evidence.NO_TEXT
     if request.choices == 1:

@@ -1,5 +1,5 @@
 """A request that must end at a stop string across its move (the `stop` topology) or wholly
-after it (`stop_after`).
+after it (`stop_after`), or pass one that `min_tokens` covers and end at the next (`min_tokens`).
 
 Dynamo's frontend matches stop strings itself and holds back from the client whatever may be
 one's start, so the user sees only the text before the string. Across the move, every token
@@ -19,14 +19,45 @@ from handoff.errors import HandoffError
 #: Tokens the request may still generate after its stop string's end: a response that misses
 #: its stop runs on to `max_tokens`, past the string, where the count and the finish show it.
 RUN_PAST = 16
+#: A `min_tokens` request's stop strings: two words each, the first ending `MIN_TOKENS_GAP`
+#: tokens before `min_tokens` (the output's middle, far after the fault), the second beginning
+#: there: a count off by one either way still tells them apart.
+MIN_TOKENS_WORDS = 2
+MIN_TOKENS_GAP = 2
 
 
-def planned(backend: Backend, api: str, shape: Shape, in_flight_tokens: int, spans: bool) -> Stop:
-    """The stop string of `shape`'s request, to `RUN_PAST` short of `max_tokens`: from the
+def planned(backend: Backend, api: str, shape: Shape, in_flight_tokens: int, kind: str) -> Stop:
+    """The stop string of `shape`'s request (`kind`: its topology's request). "stop": from the
     reference output's token after the `in_flight_tokens` the client must see before the
-    fault where it `spans` the move; else from the output's middle, far after the fault."""
+    fault, to `RUN_PAST` short of `max_tokens`; "stop_after": the same from the output's
+    middle, far after the fault; "min_tokens": two short ones around the middle, the first
+    covered by `min_tokens`."""
+    if kind == "min_tokens":
+        return min_tokens_planned(backend, api, shape)
     ends = shape.max_tokens - RUN_PAST
-    begins = in_flight_tokens if spans else shape.max_tokens // 2
+    begins = in_flight_tokens if kind == "stop" else shape.max_tokens // 2
+    return Stop(stop_text(backend, api, shape, begins, ends), begins, ends, kind == "stop")
+
+
+def min_tokens_planned(backend: Backend, api: str, shape: Shape) -> Stop:
+    """Stop strings around `min_tokens` (the output's middle): the first ends before it, the
+    second begins at it. The second matches nowhere before (the text owed ends there), the
+    first nowhere from its place to the second's end (a kept `min_tokens` passes it once)."""
+    least = shape.max_tokens // 2
+    first = least - MIN_TOKENS_GAP - MIN_TOKENS_WORDS
+    ends = least + MIN_TOKENS_WORDS
+    skipped = stop_text(backend, api, shape, first, least - MIN_TOKENS_GAP)
+    text = stop_text(backend, api, shape, least, ends)
+    window = stop_text(backend, api, shape, first, ends)
+    if stop_text(backend, api, shape, 0, ends).count(text) != 1 or window.count(skipped) != 1:
+        raise HandoffError(
+            f"the stop strings {skipped!r} and {text!r} around min_tokens {least} match again "
+            f"where planned only once: this output cannot tell a lost min_tokens from a kept one"
+        )
+    return Stop(text, least, ends, False, skipped, first, least)
+
+
+def stop_text(backend: Backend, api: str, shape: Shape, begins: int, ends: int) -> str:
     text = backend.stop_text(api, shape, begins, ends) if ends > begins else None
     if text is None:
         raise HandoffError(
@@ -34,7 +65,7 @@ def planned(backend: Backend, api: str, shape: Shape, in_flight_tokens: int, spa
             f"a {shape.max_tokens}-token output: a stop case needs the engine's output known "
             f"in advance (Backend.stop_text)"
         )
-    return Stop(text, begins, ends, spans)
+    return text
 
 
 def owed_before(reference: tuple[str | None, str], stop: Stop) -> tuple[str | None, str]:
@@ -98,15 +129,22 @@ def where_it_moved(
             f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
             f"its match did not span the move"
         )
-    elif not stop.spans and carried >= stop.begins:
+    elif not stop.spans and carried >= (first := stop.skipped_begins or stop.begins):
         found.unproven.append(
-            f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
-            f"the move did not come before it"
+            f"the move carried {carried} tokens, the stop string begins after {first}: the "
+            f"move did not come before it"
         )
     elif carried >= stop.ends:
         found.problems.append(
             f"the move carried {carried} tokens, the whole stop string ({stop.ends}): the "
             f"faulted worker had ended it, and the response should have stopped before the fault"
+        )
+    elif stop.skipped is not None:
+        found.notes.append(
+            f"the move carried {carried} tokens, before the stop strings: the first (tokens "
+            f"{stop.skipped_begins + 1}-{stop.skipped_begins + MIN_TOKENS_WORDS}) passed, inside "
+            f"min_tokens {stop.min_tokens}; the second (tokens {stop.begins + 1}-{stop.ends}) "
+            f"ended it as owed"
         )
     else:
         where = "inside the stop string" if stop.spans else "before the stop string"
