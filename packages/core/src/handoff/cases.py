@@ -412,9 +412,11 @@ STOP_AFTER = replace(
     request="stop_after",
 )
 #: The same with `min_tokens` across the move: a first stop string after the move ends before
-#: `min_tokens`, so the response must pass it and end at a second one just after. Lost on the
-#: way, the response ends at the first; given whole to the new worker instead of less the tokens
-#: carried, it passes the second too (Dynamo PR 13600 rebases it). Nightly only.
+#: `min_tokens`, so the response must pass it and end at a second one just after. Dynamo
+#: matches stop strings in its frontend, above the move: a `min_tokens` lost there ends the
+#: response at the first, one counted from the new worker's start passes the second too. The
+#: engine's own rebased `min_tokens` (Dynamo PR 13600) bears on EOS alone, which handoff's model
+#: never draws: not judged. Nightly only.
 MIN_TOKENS = replace(STOP_AFTER, name="min_tokens", request="min_tokens")
 #: The topologies whose request carries a stop string (`responses.stops`).
 STOPS = (STOP.name, STOP_AFTER.name, MIN_TOKENS.name)

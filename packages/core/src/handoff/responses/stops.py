@@ -129,7 +129,9 @@ def where_it_moved(
             f"the move carried {carried} tokens, the stop string begins after {stop.begins}: "
             f"its match did not span the move"
         )
-    elif not stop.spans and carried >= (first := stop.skipped_begins or stop.begins):
+    elif not stop.spans and carried >= (
+        first := stop.begins if stop.skipped is None else stop.skipped_begins
+    ):
         found.unproven.append(
             f"the move carried {carried} tokens, the stop string begins after {first}: the "
             f"move did not come before it"
