@@ -94,6 +94,10 @@ PUBLISHED_PRE_MERGE = {
     "stop": ["worker_failure-chat-stream-nats"],
     "stop_after": [],
     "min_tokens": [],
+    "frequency_penalty": [],
+    "presence_penalty": [],
+    "repetition_penalty": [],
+    "seeded": [],
     "abandoned": [
         "client_close-chat-nats",
         "close_after_move-completion-tcp",

@@ -35,20 +35,20 @@ def test_each_api_asks_in_its_own_words():
 
 
 def test_a_response_that_carries_none_though_asked_fails():
-    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda observed: None, 3)
+    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda observed, text: None, 3)
     assert problems == ["the response carries no log-probabilities; the request asked for 5"]
 
 
 def test_the_judges_departure_is_the_requests_problem():
     seen: list = []
 
-    def judge(observed):
-        seen.append(observed)
+    def judge(observed, text):
+        seen.append((observed, text))
         return "the log-probabilities depart from the reference at token 2: ..."
 
     response = replay("logprobs_chat_stream")
-    assert evidence.logprob_problems(response, 3, judge, 2) == [judge(None)]
-    assert seen[0] == response.top_logprobs
+    assert evidence.logprob_problems(response, 3, judge, 2) == [judge(None, "")]
+    assert seen[0] == (response.top_logprobs, response.text)  # judged on the text received
 
 
 @pytest.mark.parametrize("received", [1, 3, 24])
@@ -56,13 +56,13 @@ def test_log_probabilities_for_other_than_the_tokens_received_fail(received):
     """A frontend that drops the log-probabilities of some frames, or sends extra ones, leaves
     the tokens it did send unjudged: that is no agreement."""
     response = replay("logprobs_chat_stream")
-    problems = evidence.logprob_problems(response, 3, lambda observed: None, received)
+    problems = evidence.logprob_problems(response, 3, lambda observed, text: None, received)
     assert problems == [f"2 tokens carry log-probabilities; the client received {received}"]
 
 
 def test_an_engine_that_does_not_count_tokens_leaves_the_count_to_the_judge():
     response = replay("logprobs_chat_stream")
-    assert evidence.logprob_problems(response, 3, lambda observed: None, None) == []
+    assert evidence.logprob_problems(response, 3, lambda observed, text: None, None) == []
 
 
 def test_an_empty_response_asked_for_them_reads_none():

@@ -145,7 +145,8 @@ def one_line_error(folder, text, backend="vllm", installed=INSTALLED):
             "[tool.handoff.vllm]\nmax_tokens = { agregate = 5 }\n",
             "max_tokens in [tool.handoff.vllm] of {file} names no topology 'agregate' in "
             "{{'agregate': 5}}: use aggregate, decode, kv_transfer, prefill, guided, choices, "
-            "usage, stop, stop_after, min_tokens, abandoned, load, decode_load, join, rolling, "
+            "usage, stop, stop_after, min_tokens, frequency_penalty, presence_penalty, "
+            "repetition_penalty, seeded, abandoned, load, decode_load, join, rolling, "
             "decode_race, engine_core (did you mean 'aggregate'?), "
             "or remove it",
         ),

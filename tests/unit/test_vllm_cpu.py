@@ -112,6 +112,10 @@ def test_the_cpu_runs_what_the_gpu_runs_and_load(tiny):
         "stop": aggregate,
         "stop_after": aggregate,
         "min_tokens": aggregate,
+        "frequency_penalty": aggregate,
+        "presence_penalty": aggregate,
+        "repetition_penalty": aggregate,
+        "seeded": aggregate,
     }
     assert "one sequence at a time" in backend.why_not("choices")
     assert "not measured there" in backend.why_not("decode_load")

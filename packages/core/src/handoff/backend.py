@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from handoff.client import Annotations, Guide
+from handoff.client import Annotations, Guide, Sampling
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sums
 from handoff.responses.sequences import Origin
@@ -67,10 +67,13 @@ class Shape:
     max_tokens: int
     guide: Guide | None = None
     annotations: Annotations | None = None
+    #: How its tokens are chosen, where not the model's best (the sampling topologies).
+    sampling: Sampling | None = None
 
 
-#: Judges a response's top log-probabilities, token by token: where they first depart, or None.
-LogprobJudge = Callable[[list[dict[str, float]]], str | None]
+#: Judges a response's top log-probabilities, token by token, given its text: where they first
+#: depart, or None.
+LogprobJudge = Callable[[list[dict[str, float]], str], str | None]
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,20 @@ class Backend(ABC):
         excluded), as a stop string that matches there first; None where handoff does not know
         the output (the `stop` cases then cannot run: `unsupported` says why)."""
         return None
+
+    def undecided(self, api: str, shape: Shape) -> str | None:
+        """Why the reference of a sampling request (`shape.sampling`) does not decide its text:
+        a choice closer to the next best than the engine's arithmetic allows. The case is then
+        not proven. None: decided, or no sampling request."""
+        return None
+
+    def restarted(self, api: str, shape: Shape, carried: int) -> dict[str, str]:
+        """The texts a sampling request gives when moved after `carried` tokens to a successor
+        that went wrong, by how (`policies.RESUMED_AFRESH`: it began its sampling state afresh
+        there, penalties over the output counted from the move and a seeded generator seeded
+        again; `policies.NOT_GIVEN`: it was not given the request's sampling), computed as
+        `reference` is; empty where the backend computes none."""
+        return {}
 
     def top_logprobs(self, case: Case) -> int:
         """How many of the most likely tokens' log-probabilities each generated token of

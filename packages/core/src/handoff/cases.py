@@ -183,7 +183,8 @@ class Topology:
     #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
     #: "usage" (a plain request whose usage after the move is judged too), or "stop" and
     #: "stop_after" (one with a stop string across or after the move: `responses.stops`), or
-    #: "min_tokens" (stop strings after it, the first inside `min_tokens`).
+    #: "min_tokens" (stop strings after it, the first inside `min_tokens`), or one of
+    #: `SAMPLINGS` (its tokens chosen under penalties or drawn).
     request: str = "plain"
     #: The silent worker's race, on purpose (`policies.KNOWN_RACES`): the lifecycle repeats
     #: until it shows (`responses.single.exercise_race`); a stalled worker runs again the
@@ -420,6 +421,15 @@ STOP_AFTER = replace(
 MIN_TOKENS = replace(STOP_AFTER, name="min_tokens", request="min_tokens")
 #: The topologies whose request carries a stop string (`responses.stops`).
 STOPS = (STOP.name, STOP_AFTER.name, MIN_TOKENS.name)
+#: Requests whose tokens are chosen otherwise than the model's best (`client.Sampling`, the
+#: values in `responses.single.SAMPLED`): a penalty on the words already generated (frequency,
+#: presence), on those of the prompt too (repetition), or a seeded draw at a temperature. Killed
+#: or drained as in `stop_after`, the user's text must be what the same request gives
+#: undisturbed, as the backend computes it from its model's own definition. Dynamo's migration
+#: document (PR 13600) says a move cannot carry penalties on generated tokens
+#: (`policies.KNOWN_DIVERGENCES`). Nightly only.
+SAMPLINGS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "seeded")
+SAMPLED_TOPOLOGIES = tuple(replace(STOP_AFTER, name=n, request=n) for n in SAMPLINGS)
 
 #: A client that leaves (`ABANDONS`): every worker that held its request must stop it.
 ABANDONED = Topology(
@@ -654,6 +664,7 @@ TOPOLOGIES: dict[str, Topology] = {
         STOP,
         STOP_AFTER,
         MIN_TOKENS,
+        *SAMPLED_TOPOLOGIES,
         ABANDONED,
         LOAD,
         # Nightly only: a backend runs four load cases pre-merge, the aggregate's.

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
@@ -85,6 +85,28 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How the engine chooses each token: the best (`temperature` 0) or a draw seeded with
+    `seed`, after penalties on the words already generated (`frequency_penalty` times each
+    one's count, `presence_penalty` once) and on those of the prompt too (`repetition_penalty`,
+    a divisor). The default is what every other request sends: the best word, no penalty."""
+
+    temperature: float = 0.0
+    seed: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def fields(self) -> dict[str, float]:
+        """The body's fields: those that differ from the default, and temperature and seed."""
+        sent = {k: v for k, v in asdict(self).items() if v != getattr(DEFAULT_SAMPLING, k)}
+        return {"temperature": self.temperature, "seed": self.seed, **sent}
+
+
+DEFAULT_SAMPLING = Sampling()
+
+
+@dataclass(frozen=True)
 class Annotations:
     """What an engine is told beside a request (`nvext.annotations`), for a request of
     `max_tokens` only: one made longer or shorter from it goes without (the mocker's replayed
@@ -118,6 +140,7 @@ class Request:
     annotations: Annotations | None = None
     #: Sent with `ignore_eos` false, which Dynamo needs to keep a request's stop strings.
     stop: Stop | None = None
+    sampling: Sampling = DEFAULT_SAMPLING
 
     @property
     def path(self) -> str:
@@ -127,8 +150,7 @@ class Request:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "seed": 0,
+            **self.sampling.fields(),
             "ignore_eos": True,
             "stream": self.stream,
         }

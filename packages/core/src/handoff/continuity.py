@@ -186,17 +186,21 @@ def check(
         )
     else:
         result.notes.append(f"the migrated text equals {compared_with} exactly")
-        # Token for token what it owes: nothing the client read was lost or repeated at the
-        # migration, whatever the boundary's timing could not tell.
-        # Only where the boundary's place was in doubt: a move with no new worker found is not
-        # a question the text answers.
-        settled = [u for u in result.unproven if "tokens begin is ambiguous" in u]
-        result.notes += [
-            f"{unmade}; settled by the text: it equals {compared_with} token for token"
-            for unmade in settled
-        ]
-        result.unproven = [u for u in result.unproven if u not in settled]
+        settle_boundary(result, compared_with)
     return result
+
+
+def settle_boundary(result: Continuity, compared_with: str) -> None:
+    """A text token for token what a known context gives (`compared_with`): nothing the
+    client read was lost or repeated at the migration, whatever the boundary's timing could
+    not tell. Only where the boundary's place was in doubt: a move with no new worker found is
+    not a question the text answers."""
+    settled = [u for u in result.unproven if "tokens begin is ambiguous" in u]
+    result.notes += [
+        f"{unmade}; settled by the text: it equals {compared_with} token for token"
+        for unmade in settled
+    ]
+    result.unproven = [u for u in result.unproven if u not in settled]
 
 
 def served_problems(

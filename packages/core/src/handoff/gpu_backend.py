@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import TIMEOUT_MARKER, Backend, Launch, Model, Shape
-from handoff.cases import KILLS, Case, Restriction
+from handoff.cases import KILLS, SAMPLINGS, Case, Restriction
 from handoff.errors import HandoffError
 from handoff.machine.environment import require_engine
 
@@ -50,6 +50,7 @@ OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 512, "kv_transfer": 192, "load": 512, "guided": 512,
     "abandoned": 512, "decode_race": 512, "engine_core": 512, "join": 512, "rolling": 512,
     "usage": 512, "stop": 512, "stop_after": 512, "min_tokens": 512,
+    **dict.fromkeys(SAMPLINGS, 64),
 }  # fmt: skip
 #: Prompt tokens per topology as the engine prefills them. kv_transfer: the 823-token KV
 #: prefix that the prefill worker hands over (823 + 192 = 1,015 of the 1,024-token context).
@@ -57,7 +58,7 @@ OUTPUT_TOKENS = {
 PROMPT_TOKENS = {
     "aggregate": 64, "decode": 64, "kv_transfer": 823, "load": 64, "guided": 64, "abandoned": 64,
     "decode_race": 64, "engine_core": 64, "join": 64, "rolling": 64, "usage": 64,
-    "stop": 64, "stop_after": 64, "min_tokens": 64,
+    "stop": 64, "stop_after": 64, "min_tokens": 64, **dict.fromkeys(SAMPLINGS, 64),
 }  # fmt: skip
 TOPOLOGIES = {
     "aggregate": ("aggregate", "aggregate"),
@@ -93,6 +94,7 @@ NOT_BUILT_ON_GPUS = {
     "stop": FIRST_ON_CPUS,
     "stop_after": FIRST_ON_CPUS,
     "min_tokens": FIRST_ON_CPUS,
+    **dict.fromkeys(SAMPLINGS, FIRST_ON_CPUS),
     "abandoned": FIRST_ON_CPUS,
     "decode_race": FIRST_ON_CPUS,
     "engine_core": "qualified on vLLM's CPU engine so far: an engine core killed under its "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape, Worker
-from handoff.cases import ABANDONS, KILLS, STOPS, Case, topology
+from handoff.cases import ABANDONS, KILLS, SAMPLINGS, STOPS, Case, topology
 from handoff.client import Annotations
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
@@ -157,6 +157,10 @@ NOT_THE_REST = (
     "string planned over the output could never match after the move: qualified on vLLM's CPU "
     "engine"
 )
+NO_LOGITS = (
+    "the mocker draws no token from logits, so no penalty or seed changes its output: "
+    "qualified on vLLM's CPU engine"
+)
 
 
 class MockerBackend(Backend):
@@ -183,6 +187,7 @@ class MockerBackend(Backend):
         "engine_core": "the mocker's engine runs inside its worker process: there is no engine "
         "core apart from the worker to kill (worker_failure kills both)",
         **dict.fromkeys(STOPS, NOT_THE_REST),
+        **dict.fromkeys(SAMPLINGS, NO_LOGITS),
     }
     #: Importing the mocker opens nothing: its workers fork from a warm interpreter.
     preloaded: ClassVar[dict[str, str]] = {"dynamo.mocker": "dynamo.mocker.main"}

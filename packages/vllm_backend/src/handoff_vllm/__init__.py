@@ -31,13 +31,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, VLLM_RUNNING, Model
-from handoff.cases import ABANDONS, ENGINE, KILLS, STOPS, Restriction, topology
-from handoff.client import Guide
+from handoff.cases import ABANDONS, ENGINE, KILLS, SAMPLINGS, STOPS, Case, Restriction, topology
+from handoff.client import DEFAULT_SAMPLING, Guide
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -50,7 +51,8 @@ from handoff.gpu_backend import (
 from handoff.machine.environment import require_engine, require_modules
 from handoff.machine.services import LOOPBACK
 from handoff.plugins import hookimpl
-from handoff_vllm import cpu, rule, tiny_model
+from handoff.policies import NOT_GIVEN, RESUMED_AFRESH
+from handoff_vllm import cpu, rule, tiny_model, weights
 
 #: Seed KV cap in bytes (Dynamo's suite's marker for Qwen3-0.6B).
 KV_CACHE_BYTES = 331_711_000
@@ -148,7 +150,7 @@ class VllmBackend(DynamoGpuBackend):
             **TOPOLOGIES, "load": cpu.LOAD_ROLES, "guided": aggregate, "abandoned": aggregate,
             "decode_race": decode, "engine_core": aggregate, "join": cpu.LOAD_ROLES,
             "rolling": cpu.LOAD_ROLES, "usage": aggregate,
-            **(dict.fromkeys(STOPS, aggregate) if self.builds_model else {}),
+            **(dict.fromkeys((*STOPS, *SAMPLINGS), aggregate) if self.builds_model else {}),
         }  # fmt: skip
 
     @property
@@ -158,7 +160,8 @@ class VllmBackend(DynamoGpuBackend):
         not_built = cpu.NOT_RUN if self.on_cpu else NOT_BUILT_ON_GPUS
         own_model = self.on_cpu and not self.builds_model
         stop = dict.fromkeys(STOPS, cpu.STOP_NEEDS_THE_RULE) if own_model else {}
-        return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built, **stop}
+        sampled = dict.fromkeys(SAMPLINGS, cpu.SAMPLING_NEEDS_THE_MODEL) if own_model else {}
+        return {"prefill": prefill + PREFILL_TOO_SHORT, **not_built, **stop, **sampled}
 
     @property
     def restrictions(self) -> tuple[Restriction, ...]:  # type: ignore[override]
@@ -218,6 +221,19 @@ class VllmBackend(DynamoGpuBackend):
             return Model(str(self.setting("model")), tiny_model.ensure())
         return super().prepare_model(folder)
 
+    def worker_variant(self, case: Case) -> tuple:
+        return (weights.CLOSE.name,) if self.serves_close_model(case) else ()
+
+    def serves_close_model(self, case: Case) -> bool:
+        """A sampling case's workers serve the close model (handoff_vllm.weights.CLOSE), whose
+        output a penalty or a draw changes; the others serve the exact one."""
+        return self.builds_model and case.topology in SAMPLINGS
+
+    def worker(self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path):
+        if self.serves_close_model(case):
+            model = replace(model, path=tiny_model.ensure(flavour=weights.CLOSE))
+        return super().worker(role, case, model, ports, folder)
+
     def prompt(self, tokens: int, api: str, variant: int = 0) -> str:
         if self.builds_model:  # the anchor, then one word a token (the rule's markers: chat)
             return f"t{rule.ANCHOR} " + word_tokenizer.prompt(tokens - 1, variant)
@@ -241,28 +257,63 @@ class VllmBackend(DynamoGpuBackend):
         """The context the engine is given for `shape`'s request, and the output it owes."""
         opening = [cpu.GUIDE_OPENING] if shape.guide is not None else []
         context = rule.context_of(shape.prompt, api)
+        if shape.sampling is not None:
+            return context, self.drawn(api, shape).tokens
         return context, opening + rule.continuation(
             context + opening, shape.max_tokens - len(opening)
         )
 
-    def stop_text(self, api: str, shape, begins: int, ends: int) -> str | None:
-        """The built-in model's words `begins` to `ends` of its continuation, as the detokenized
-        text holds them (one space apart)."""
-        if not self.builds_model:
+    def drawn(self, api: str, shape, restart: int | None = None, then=None):
+        """The close model's output for a sampling request (handoff_vllm.sampling), or that of
+        a successor that began its sampling state after `restart` tokens, under `then`."""
+        from handoff_vllm import sampling  # numpy: only where a sampling case plans
+
+        context = tuple(rule.context_of(shape.prompt, api))
+        return sampling.output(context, shape.max_tokens, shape.sampling, restart, then)
+
+    def undecided(self, api: str, shape) -> str | None:
+        """A sampling request whose computed choice somewhere stands closer to the next than
+        the engine's float32 arithmetic allows (`fingerprint.TOLERANCE`)."""
+        from handoff_vllm.fingerprint import TOLERANCE
+
+        if not self.builds_model or shape.sampling is None:
             return None
-        return " ".join(rule.words(self.reference_tokens(api, shape)[1][begins:ends]))
+        margin = self.drawn(api, shape).least_margin
+        if margin >= TOLERANCE:
+            return None
+        return (
+            f"the close model's choices for this prompt come within {margin:.5f} of the next "
+            f"best (under {TOLERANCE}): the engine's float32 may choose otherwise"
+        )
+
+    def restarted(self, api: str, shape, carried: int) -> dict[str, str]:
+        if not self.builds_model or shape.sampling is None:
+            return {}
+        texts = {
+            way: self.drawn(api, shape, carried, then).tokens
+            for way, then in ((RESUMED_AFRESH, None), (NOT_GIVEN, DEFAULT_SAMPLING))
+        }
+        return {way: "".join(f" {w}" for w in rule.words(t)) for way, t in texts.items()}
 
     def top_logprobs(self, case) -> int:
         return tiny_model.TOP_LOGPROBS if self.builds_model else 0
 
     def logprob_judge(self, api: str, shape):
         """The built-in model's log-probabilities as handoff computes them
-        (handoff_vllm.fingerprint), against what the engine returned for each token."""
+        (handoff_vllm.fingerprint) after the context and the tokens the response holds,
+        against what the engine returned for each token. Judged on the tokens received, not
+        the reference's: the text is compared with the reference apart, so a response that
+        departs from it (a sampling case's successor that began its penalties afresh) is
+        still shown to have continued its true context."""
         if not self.builds_model:
             return None
-        context, output = self.reference_tokens(api, shape)
+        context, _ = self.reference_tokens(api, shape)
+        flavour = weights.CLOSE if shape.sampling is not None else weights.EXACT
 
-        def judge(observed: list[dict[str, float]]) -> str | None:
+        def judge(observed: list[dict[str, float]], text: str) -> str | None:
+            output = [word_tokenizer.token_id(word) for word in text.split()]
+            if None in output:
+                return f"the text holds a word outside the model: {text[:80]!r}"
             by_id = []
             for at, top in enumerate(observed):
                 ids = {word_tokenizer.token_id(word): value for word, value in top.items()}
@@ -273,7 +324,7 @@ class VllmBackend(DynamoGpuBackend):
                 by_id.append(ids)
             from handoff_vllm import fingerprint  # numpy: only where a response is judged
 
-            return fingerprint.departure(context, output, by_id)
+            return fingerprint.departure(context, output, by_id, flavour)
 
         return judge
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from handoff.cases import SAMPLINGS
 from handoff.client import Guide
 from handoff.machine.services import LOOPBACK
 
@@ -82,12 +83,21 @@ STOP_NEEDS_THE_RULE = (
     "a stop string across the move is planned over the output known in advance: handoff's own "
     "model computes it, a model of `model_path` does not"
 )
+#: Why a `model_path` of the user's own runs no sampling case.
+SAMPLING_NEEDS_THE_MODEL = (
+    "a penalised or seeded output is judged against handoff's own computation of its close "
+    "model (handoff_vllm.sampling), which a model of `model_path` does not have"
+)
+#: A sampling case's output: short, as each token of its reference is computed in numpy and a
+#: near-tie anywhere leaves the case not proven, and long enough to outlast a kill or a drain.
+SAMPLED_TOKENS = 64
 
 OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 1536, "guided": 512,
     "abandoned": 512, "decode_race": 4000, "engine_core": 512, "join": 1536,
     "rolling": 1536, "usage": 512, "stop": 512,
     "stop_after": 512, "min_tokens": 512,
+    **dict.fromkeys(SAMPLINGS, SAMPLED_TOKENS),
 }  # fmt: skip
 #: Those lengths are what this machine needs, at most: on a slower one, a case's request gets
 #: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace),
@@ -97,7 +107,7 @@ OUTPUT_SECONDS = {
     "aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0, "load": 6.0, "guided": 10.0,
     "abandoned": 10.0, "decode_race": 8.0, "engine_core": 10.0, "join": 10.0,
     "rolling": 10.0, "usage": 10.0, "stop": 10.0,
-    "stop_after": 10.0, "min_tokens": 10.0,
+    "stop_after": 10.0, "min_tokens": 10.0, **dict.fromkeys(SAMPLINGS, 10.0),
     # The cut-off worker's race shows only where the request it lost outlasts the HTTP layer's
     # 10 s window 1.5 times (`responses.single.race_premise`): sized by seconds, up to the
     # topology's 4,000 tokens, which hold 15 s up to about 264 tokens a second (not proven on
@@ -149,7 +159,7 @@ TIMEOUTS = {
     "aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0, "guided": 120.0,
     "abandoned": 120.0, "decode_race": 1200.0, "engine_core": 120.0, "join": 300.0,
     "rolling": 300.0, "usage": 120.0, "stop": 120.0,
-    "stop_after": 120.0, "min_tokens": 120.0,
+    "stop_after": 120.0, "min_tokens": 120.0, **dict.fromkeys(SAMPLINGS, 120.0),
 }  # fmt: skip
 #: Aggregate pools: one spare. A start is about 15 s, mostly of one core, so a spare overlaps
 #: the case before the one that needs it; more spares start at once and slow each other: the

@@ -56,32 +56,50 @@ def attention(h: np.ndarray, w: weights.Weights, start: int) -> np.ndarray:
     return out
 
 
-def logprobs(tokens: list[int], start: int, seed: int = 0) -> np.ndarray:
-    """The log-probability of every word after each position from `start` on, in float64:
-    row i is the distribution of the token at `start + i + 1`."""
-    w = weights.recipe(seed)
+def logits(
+    tokens: list[int], start: int, seed: int = 0, flavour: weights.Flavour = weights.EXACT
+) -> np.ndarray:
+    """The raw logit of every word after each position from `start` on, in float64: row i
+    scores the token at `start + i + 1` (what an engine's penalties act on)."""
+    w = weights.recipe(seed, flavour)
     embedded = w.embed[np.asarray(tokens)].astype(np.float64)
     x = embedded[start:] + attention(rms(embedded), w, start) @ w.o.T
     used = np.flatnonzero(np.abs(w.down).sum(0))  # the MLP's units that write anything
     h = rms(x)
     gate = h @ w.gate[used].T
     x = x + (gate / (1 + np.exp(-gate)) * (h @ w.up[used].T)) @ w.down[:, used].T
-    logits = rms(x) @ w.lm_head.T.astype(np.float64)
-    top = logits.max(-1, keepdims=True)
-    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    return rms(x) @ w.lm_head.T.astype(np.float64)
+
+
+def log_softmax(rows: np.ndarray) -> np.ndarray:
+    top = rows.max(-1, keepdims=True)
+    return rows - top - np.log(np.exp(rows - top).sum(-1, keepdims=True))
+
+
+def logprobs(
+    tokens: list[int], start: int, seed: int = 0, flavour: weights.Flavour = weights.EXACT
+) -> np.ndarray:
+    """The log-probability of every word after each position from `start` on, in float64:
+    row i is the distribution of the token at `start + i + 1`."""
+    return log_softmax(logits(tokens, start, seed, flavour))
 
 
 @lru_cache(maxsize=4)
-def reference(tokens: tuple[int, ...], start: int) -> np.ndarray:
+def reference(
+    tokens: tuple[int, ...], start: int, flavour: weights.Flavour = weights.EXACT
+) -> np.ndarray:
     """`logprobs` of an undisturbed context, kept: a judge compares many observations (every
     wrong context of tests/unit/test_fingerprint.py) with the same one."""
-    rows = logprobs(list(tokens), start)
+    rows = logprobs(list(tokens), start, flavour=flavour)
     rows.flags.writeable = False
     return rows
 
 
 def departure(
-    context: list[int], output: list[int], observed: list[dict[int, float]]
+    context: list[int],
+    output: list[int],
+    observed: list[dict[int, float]],
+    flavour: weights.Flavour = weights.EXACT,
 ) -> str | None:
     """Where the top log-probabilities `observed` for each token of `output` (generated after
     `context`) first depart from this computation by more than `TOLERANCE`, or leave out a
@@ -89,7 +107,7 @@ def departure(
     tokens depart too (fewer are the response's own count to judge: evidence.logprob_problems)."""
     if len(observed) > len(output):
         return f"{len(observed)} tokens carry log-probabilities; the reference has {len(output)}"
-    expected = reference(tuple(context + output[: len(observed) - 1]), len(context) - 1)
+    expected = reference(tuple(context + output[: len(observed) - 1]), len(context) - 1, flavour)
     for at, (seen, row) in enumerate(zip(observed, expected, strict=True)):
         floor = np.sort(row)[-TOP_LOGPROBS]
         for token, value in seen.items():

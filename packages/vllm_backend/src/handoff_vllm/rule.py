@@ -54,6 +54,19 @@ def successors(seed: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(even), tuple(odd)
 
 
+@cache
+def returning(seed: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`successors` of `seed` with `after_odd` the inverse of `after_even` on the output words:
+    the walk comes back to a word two tokens later, so outputs repeat (the close model's
+    rule, whose words a penalty on repeats can overtake: handoff_vllm.weights.CLOSE). The two
+    still never agree, as a single cycle has no word two steps from itself."""
+    even, odd = successors(seed)
+    back = list(odd)
+    for x in range(FIRST_OUTPUT, WORDS):
+        back[even[x]] = x
+    return even, tuple(back)
+
+
 def continuation(context: list[int], count: int, seed: int = 0) -> list[int]:
     """The `count` tokens the model gives after `context` at temperature 0."""
     anchors = [i for i, token in enumerate(context) if token == ANCHOR]

@@ -13,11 +13,12 @@ divided by that factor.
 Made once per recipe and seed into a cache folder, by a child process (torch stays out of the
 harness), under a file lock so that parallel cases wait for one maker.
 
-`python -m handoff_vllm.tiny_model FOLDER SEED` writes one.
+`python -m handoff_vllm.tiny_model FOLDER SEED FLAVOUR` writes one (`exact` or `close`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -31,6 +32,7 @@ from handoff.errors import HandoffError
 from handoff.machine.environment import cache_root
 from handoff.word_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
 from handoff_vllm import rule, weights
+from handoff_vllm.weights import Flavour
 
 NAME = "handoff-tiny-llama"
 #: How many log-probabilities a case asks of the model for each token (handoff_vllm.fingerprint).
@@ -65,28 +67,35 @@ HEAD = (
 MAKE_TIMEOUT_S = 300.0
 
 
-def folder_for(seed: int, root: Path | None = None) -> Path:
+FLAVOURS = {f.name: f for f in (weights.EXACT, weights.CLOSE)}
+
+
+def folder_for(seed: int, root: Path | None = None, flavour: Flavour = weights.EXACT) -> Path:
     """Where the model of `seed` lives: named by a digest of the recipe, so a changed recipe
-    is a new folder and never a stale one."""
-    recipe = json.dumps({"config": CONFIG, "seed": seed, "head": HEAD}, sort_keys=True).encode()
-    return (root or cache_root()) / "models" / f"{NAME}-{hashlib.sha256(recipe).hexdigest()[:12]}"
+    is a new folder and never a stale one (the exact flavour's digest is that of the recipe
+    before flavours, so its folder stays where it was)."""
+    fields = {"config": CONFIG, "seed": seed, "head": HEAD}
+    if flavour != weights.EXACT:
+        fields["flavour"] = dataclasses.asdict(flavour)
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return (root or cache_root()) / "models" / f"{NAME}-{digest}"
 
 
-def ensure(seed: int = 0, root: Path | None = None) -> Path:
-    """The model folder of `seed`, made first when it is missing."""
-    folder = folder_for(seed, root)
+def ensure(seed: int = 0, root: Path | None = None, flavour: Flavour = weights.EXACT) -> Path:
+    """The model folder of `seed` in `flavour`, made first when it is missing."""
+    folder = folder_for(seed, root, flavour)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "config.json").is_file():
-            make_in_child(folder, seed)
+            make_in_child(folder, seed, flavour)
     return folder
 
 
-def make_in_child(folder: Path, seed: int) -> None:
+def make_in_child(folder: Path, seed: int, flavour: Flavour) -> None:
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    argv = [sys.executable, "-m", __name__, str(partial), str(seed)]
+    argv = [sys.executable, "-m", __name__, str(partial), str(seed), flavour.name]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=MAKE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -102,15 +111,15 @@ def make_in_child(folder: Path, seed: int) -> None:
     partial.rename(folder)  # whole or not at all: a reader never sees a half-written model
 
 
-def write(folder: Path, seed: int) -> None:
-    """handoff_vllm.weights of `seed` in a Llama, saved as float32 safetensors, with the
-    tokenizer and the rule's chat template."""
+def write(folder: Path, seed: int, flavour: Flavour = weights.EXACT) -> None:
+    """handoff_vllm.weights of `seed` in `flavour` in a Llama, saved as float32 safetensors,
+    with the tokenizer and the rule's chat template."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32)
-    recipe = weights.recipe(seed)
+    recipe = weights.recipe(seed, flavour)
     layer = model.model.layers[0]
     places = {
         model.model.embed_tokens: recipe.embed,
@@ -134,4 +143,4 @@ def write(folder: Path, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    write(Path(sys.argv[1]), int(sys.argv[2]))
+    write(Path(sys.argv[1]), int(sys.argv[2]), FLAVOURS[sys.argv[3]])

@@ -47,6 +47,24 @@ ROPE_THETA = 10000.0
 
 
 @dataclass(frozen=True)
+class Flavour:
+    """Which model of a seed: the output head's scale, and whether the rule's walk returns to a
+    word two tokens later (`rule.returning`)."""
+
+    name: str
+    logit: float
+    returning: bool = False
+
+
+#: The model every case serves but the sampling ones: the rule's token leads by over 15 logits.
+EXACT = Flavour("exact", LOGIT)
+#: The sampling cases' model (cases.SAMPLINGS): the rule's token leads by a few logits, less than
+#: the fingerprint's spread, and its outputs repeat, so a penalty on repeats or a draw at a
+#: temperature changes them. What it outputs is computed whole (handoff_vllm.sampling).
+CLOSE = Flavour("close", 8.0, returning=True)
+
+
+@dataclass(frozen=True)
 class Weights:
     """Layer 0 and the two ends of the model, float32 as written. Projections are stored as
     torch's Linear stores them: (out, in)."""
@@ -63,9 +81,9 @@ class Weights:
 
 
 @cache
-def recipe(seed: int) -> Weights:
-    """The weights of `seed` (see above). numpy is imported here, not above: every process of
-    handoff loads this backend's plugin, and most never build the model."""
+def recipe(seed: int, flavour: Flavour = EXACT) -> Weights:
+    """The weights of `seed` in `flavour` (see above). numpy is imported here, not above:
+    every process of handoff loads this backend's plugin, and most never build the model."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -93,12 +111,13 @@ def recipe(seed: int) -> Weights:
     open_gate = GATE * (parity - 0.5) / norm**2  # silu's pass-through and up's 1/RMS
     down = np.zeros((HIDDEN, INTERMEDIATE))
     down[CODE, gates] = np.eye(WIDTH) / open_gate
-    even, odd = (np.array(m) for m in rule.successors(seed))
+    walk = rule.returning if flavour.returning else rule.successors
+    even, odd = (np.array(m) for m in walk(seed))
     output = np.zeros((VOCAB_SIZE, WIDTH))
     np.add.at(output, odd, code)
     np.add.at(output, even, code @ rotation.T)
     lm_head = np.zeros((VOCAB_SIZE, HIDDEN))
-    lm_head[:, CODE] = output * (LOGIT / WIDTH)
+    lm_head[:, CODE] = output * (flavour.logit / WIDTH)
     lm_head[:, PRINT] = rng.standard_normal((VOCAB_SIZE, 13)) * PRINT_LOGIT
     arrays = (embed, q, k, v, o, gate, up, down, lm_head)
     return Weights(*(a.astype(np.float32) for a in arrays))

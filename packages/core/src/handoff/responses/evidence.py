@@ -18,7 +18,7 @@ from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.policies import Outcome
-from handoff.responses import stops
+from handoff.responses import sampled, stops
 from handoff.verdict import request_problems
 
 
@@ -31,6 +31,8 @@ class Owed:
     compared_with: str
     #: Judges the top log-probabilities of each token, where the request asked for them.
     logprobs: LogprobJudge | None = None
+    #: What a sampling request's text needs judged beside the reference (`responses.sampled`).
+    sampled: sampled.Sampled | None = None
 
 
 #: A request whose text handoff does not know (a random engine, several choices).
@@ -41,7 +43,11 @@ def owing(backend: Backend, request: Request, shape: Shape, text: tuple[str | No
     """What `request` owes: `text` and what it is called (`waits.reference_text`), and where it
     asked for log-probabilities, the backend's judge of them."""
     judge = backend.logprob_judge(request.api, shape) if request.top_logprobs else None
-    return Owed(*text, logprobs=judge)
+    drawn = None
+    if shape.sampling is not None:
+        undecided = backend.undecided(request.api, shape)
+        drawn = sampled.Sampled(undecided, lambda n: backend.restarted(request.api, shape, n))
+    return Owed(*text, logprobs=judge, sampled=drawn)
 
 
 def judged(
@@ -104,6 +110,8 @@ def content(
     if owed.logprobs is not None:
         received = backend.output_tokens(response.text)
         kept.problems += logprob_problems(response, request.top_logprobs, owed.logprobs, received)
+    if owed.sampled is not None:
+        sampled.check(kept, response, owed.text, owed.sampled, migration)
     if request.guide is not None and not backend.decodes_guides:
         kept.notes.append(guide_unchecked(backend))
     elif request.guide is not None:
@@ -122,7 +130,7 @@ def logprob_problems(
         return [f"the response carries no log-probabilities; the request asked for {asked}"]
     if received is not None and len(observed) != received:
         return [f"{len(observed)} tokens carry log-probabilities; the client received {received}"]
-    departure = judge(observed)
+    departure = judge(observed, response.text)
     return [departure] if departure else []
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from handoff import faults, metrics
 from handoff.backend import Backend, Shape, Worker
 from handoff.cases import PAST_LEASE, SILENT, STOPS, Case, topology
-from handoff.client import InFlight, Request
+from handoff.client import DEFAULT_SAMPLING, InFlight, Request, Sampling
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
@@ -191,6 +191,15 @@ def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -
 #: Requests that ask for no log-probabilities: several choices, and a stop string's, whose
 #: tokens inside the string never reach the client.
 CHOICES_OR_STOPS = ("choices", *STOPS)
+#: What a sampling topology's request asks for (cases.SAMPLINGS): penalties at the most the
+#: frontend accepts (2), and a draw at temperature 1. Values that change the close model's
+#: output within a few tokens of a move (handoff_vllm.sampling; docs/cases.md).
+SAMPLED = {
+    "frequency_penalty": Sampling(frequency_penalty=2.0),
+    "presence_penalty": Sampling(presence_penalty=2.0),
+    "repetition_penalty": Sampling(repetition_penalty=2.0),
+    "seeded": Sampling(temperature=1.0, seed=7),
+}
 
 
 def plan(
@@ -209,13 +218,15 @@ def plan(
     shape = backend.shape(case, variant)
     if where.request == "guided":
         shape = replace(shape, guide=backend.guide(case.api))
+    if where.request in SAMPLED:
+        shape = replace(shape, sampling=SAMPLED[where.request])
     request = Request(
         case.api, case.response == "stream", deployment.model_name, shape.prompt,
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
         # A stop request's tokens inside its string are held back from the client.
         top_logprobs=backend.top_logprobs(case) if where.request not in CHOICES_OR_STOPS else 0,
-        annotations=shape.annotations,
+        annotations=shape.annotations, sampling=shape.sampling or DEFAULT_SAMPLING,
     )  # fmt: skip
     pace = None
     if (seconds := backend.output_seconds(case)) is not None:
