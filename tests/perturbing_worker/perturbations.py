@@ -115,3 +115,18 @@ OUTPUT_PERTURBATIONS = {
     "the first token's log-probabilities dropped": logprobs_dropped,
     "the first token replaced": first_token_replaced,
 }
+
+
+def sampling_dropped(request: dict) -> dict:
+    """The request's sampling replaced by the default one (the best word, no penalty, no
+    seed), as a migration that re-issued the context alone would send it."""
+    options = dict(request.get("sampling_options") or {})
+    options.update(
+        temperature=0.0, seed=None, frequency_penalty=0.0, presence_penalty=0.0,
+        repetition_penalty=1.0,
+    )  # fmt: skip
+    return {**request, "sampling_options": options}
+
+
+#: Wrong requests, by name: each takes the request the worker was sent.
+REQUEST_PERTURBATIONS = {"the sampling dropped": sampling_dropped}

@@ -1,7 +1,8 @@
 """Loaded by a vLLM worker whose PYTHONPATH holds this folder (tests that break a migration on
 purpose): the worker's engine is given a wrong context, as a broken migration or KV transfer
 would deliver it, or the worker's output is changed on its way to the frontend.
-`HANDOFF_PERTURB` names the perturbation (perturbations.py), `HANDOFF_PERTURB_PROMPT` the
+`HANDOFF_PERTURB` names the perturbation (perturbations.py: of the context, the output or the
+request's sampling), `HANDOFF_PERTURB_PROMPT` the
 prompt's length in tokens; a request is perturbed when it holds more than
 `HANDOFF_PERTURB_ABOVE` tokens (the prompt's length: only a re-issued request, whose context
 holds what was generated before the move; 0: every request, for a prefill worker whose KV the
@@ -14,7 +15,7 @@ import importlib.machinery
 import os
 import sys
 
-from perturbations import OUTPUT_PERTURBATIONS, perturbations
+from perturbations import OUTPUT_PERTURBATIONS, REQUEST_PERTURBATIONS, perturbations
 
 HANDLERS = "dynamo.vllm.handlers"
 
@@ -25,14 +26,21 @@ def perturbing(generate):
 
     async def perturbed(self, request, context):
         tokens = request.get("token_ids") or []
+        wrong = len(tokens) > above
+        if wrong and name in REQUEST_PERTURBATIONS:
+            print(f"handoff-test: {name}: after {len(tokens)} tokens", file=sys.stderr)
+            request = REQUEST_PERTURBATIONS[name](request)
         chunks = generate(self, request, context)
-        if len(tokens) > above and name in OUTPUT_PERTURBATIONS:
+        if wrong and name in OUTPUT_PERTURBATIONS:
             print(f"handoff-test: {name}: after {len(tokens)} tokens", file=sys.stderr)
             chunks = wrong_output(chunks, OUTPUT_PERTURBATIONS[name])
-        elif len(tokens) > above:
-            wrong = perturbations(prompt, len(tokens) - prompt, chat == "1")[name](list(tokens))
-            request["token_ids"] = wrong
-            print(f"handoff-test: {name}: {len(tokens)} tokens -> {len(wrong)}", file=sys.stderr)
+        elif wrong and name not in REQUEST_PERTURBATIONS:
+            wrong_context = perturbations(prompt, len(tokens) - prompt, chat == "1")[name]
+            request["token_ids"] = wrong_context(list(tokens))
+            print(
+                f"handoff-test: {name}: {len(tokens)} tokens -> {len(request['token_ids'])}",
+                file=sys.stderr,
+            )
         async for chunk in chunks:
             yield chunk
 

@@ -35,7 +35,7 @@ def test_each_api_asks_in_its_own_words():
 
 
 def test_a_response_that_carries_none_though_asked_fails():
-    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda observed, text: None, 3)
+    problems = evidence.logprob_problems(replay("migrated_stream"), 5, lambda *_: None, 3)
     assert problems == ["the response carries no log-probabilities; the request asked for 5"]
 
 
@@ -56,13 +56,13 @@ def test_log_probabilities_for_other_than_the_tokens_received_fail(received):
     """A frontend that drops the log-probabilities of some frames, or sends extra ones, leaves
     the tokens it did send unjudged: that is no agreement."""
     response = replay("logprobs_chat_stream")
-    problems = evidence.logprob_problems(response, 3, lambda observed, text: None, received)
+    problems = evidence.logprob_problems(response, 3, lambda *_: None, received)
     assert problems == [f"2 tokens carry log-probabilities; the client received {received}"]
 
 
 def test_an_engine_that_does_not_count_tokens_leaves_the_count_to_the_judge():
     response = replay("logprobs_chat_stream")
-    assert evidence.logprob_problems(response, 3, lambda observed, text: None, None) == []
+    assert evidence.logprob_problems(response, 3, lambda *_: None, None) == []
 
 
 def test_an_empty_response_asked_for_them_reads_none():

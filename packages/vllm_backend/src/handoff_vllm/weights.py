@@ -58,10 +58,12 @@ class Flavour:
 
 #: The model every case serves but the sampling ones: the rule's token leads by over 15 logits.
 EXACT = Flavour("exact", LOGIT)
-#: The sampling cases' model (cases.SAMPLINGS): the rule's token leads by a few logits, less than
-#: the fingerprint's spread, and its outputs repeat, so a penalty on repeats or a draw at a
-#: temperature changes them. What it outputs is computed whole (handoff_vllm.sampling).
-CLOSE = Flavour("close", 8.0, returning=True)
+#: The sampling cases' model (cases.SAMPLINGS): the rule's token leads by about the penalties'
+#: size, within the fingerprint's spread, and its outputs repeat, so a penalty on repeats or a
+#: draw at a temperature changes them at almost every token. What it outputs is computed whole
+#: (handoff_vllm.sampling); the scale is the one at which a successor counting its penalties
+#: afresh gives another text after almost any number of tokens carried (benchmarks/RESULTS.md).
+CLOSE = Flavour("close", 4.0, returning=True)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """A sampling request's text across a move (cases.SAMPLINGS): judged as every other against the
 reference the backend computed (`continuity.check`); here, what that judgement needs beside
 it. The reference must decide the text (`Backend.undecided`). The case must tell a successor
-that kept the request's sampling from one that went wrong: the texts such successors give
-after the tokens the move carried (`Backend.restarted`: one that began its sampling state
-afresh, one not given the request's sampling) must not all be the reference's, or the case
-proves nothing of the move. A text that departs from the reference and is exactly one of
+that kept the request's sampling from each that went wrong: the text each gives after the
+tokens the move carried (`Backend.restarted`: one that began its sampling state afresh, one
+not given the request's sampling) must differ from the reference's, or the case proves nothing
+of that way. A text that departs from the reference and is exactly one of
 theirs is named by it: Dynamo's migration document says a move cannot carry penalties on
 generated tokens (`policies.KNOWN_DIVERGENCES`); any other departure is a plain failure.
 """
@@ -26,7 +26,8 @@ class Sampled:
     if it is, and by how a successor went wrong, the text it gives after n tokens carried."""
 
     undecided: str | None
-    wrong_successors: Callable[[int], dict[str, str]]
+    #: By how a successor went wrong, its text after n tokens carried (None: a close call).
+    wrong_successors: Callable[[int], dict[str, str | None]]
 
 
 def check(
@@ -50,13 +51,18 @@ def check(
         )
         return
     carried = told - migration.prompt_tokens
-    wrong = {
-        way: text for way, text in sampled.wrong_successors(carried).items() if text != reference
-    }
-    if not wrong:
+    wrong = sampled.wrong_successors(carried)
+    if undecided := [way for way, text in wrong.items() if text is None]:
         found.unproven.append(
-            f"a successor that began its sampling state at the move, or was not given it, "
-            f"gives the reference's text too ({carried} tokens carried): the case cannot tell"
+            f"{undecided[0]}: what such a successor gives after {carried} tokens carried is a "
+            f"close call, undecided: the case cannot tell it"
+        )
+        return
+    if not wrong or (same := [way for way, text in wrong.items() if text == reference]):
+        why = f"{same[0]} gives" if wrong else "no wrong successor's text is known, nor"
+        found.unproven.append(
+            f"{why} the reference's text too ({carried} tokens carried): the case cannot "
+            f"tell it from a kept state"
         )
         return
     departures = [p for p in found.problems if p.startswith(DEPARTS)]

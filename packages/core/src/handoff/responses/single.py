@@ -191,6 +191,9 @@ def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -
 #: Requests that ask for no log-probabilities: several choices, and a stop string's, whose
 #: tokens inside the string never reach the client.
 CHOICES_OR_STOPS = ("choices", *STOPS)
+#: The prompts a sampling case tries for one whose reference is decided (`decided`): one in six
+#: of handoff's close model's prompts has a close call somewhere in 64 tokens.
+SAMPLING_PROMPTS = 8
 #: What a sampling topology's request asks for (cases.SAMPLINGS): penalties at the most the
 #: frontend accepts (2), and a draw at temperature 1. Values that change the close model's
 #: output within a few tokens of a move (handoff_vllm.sampling; docs/cases.md).
@@ -235,6 +238,9 @@ def plan(
             deployment.base_url, request, workers, seconds, shape, deadline, history
         )
         request = replace(request, max_tokens=shape.max_tokens)
+    if shape.sampling is not None:
+        shape = decided(backend, case, shape, variant)
+        request = replace(request, prompt=shape.prompt)
     if where.request in STOPS:
         planned_stop = stops.planned(backend, case.api, shape, in_flight_tokens, where.request)
         request = replace(request, stop=planned_stop)
@@ -247,6 +253,20 @@ def plan(
     if shape.guide is not None and backend.decodes_guides:
         guide_kept(deployment, request, owed, deadline, history)
     return Planned(request, shape, pace, owed)
+
+
+def decided(backend: Backend, case: Case, shape: Shape, variant: int) -> Shape:
+    """A sampling request's shape with the first prompt, from `variant` on, whose reference
+    the backend's computation decides (`Backend.undecided`: no choice a close call), so that a
+    case is not left unproven by its prompt's chance; the last tried where none is, which the
+    verdict then reads as not proven."""
+    tried = shape
+    for other in range(variant, variant + SAMPLING_PROMPTS):
+        prompt = backend.shape(case, other).prompt
+        tried = replace(shape, prompt=prompt)
+        if backend.undecided(case.api, tried) is None:
+            break
+    return tried
 
 
 def send_and_prove(
