@@ -303,13 +303,13 @@ class Backend(ABC):
         not proven. None: decided, or no sampling request."""
         return None
 
-    def restarted(self, api: str, shape: Shape, carried: int) -> dict[str, str | None]:
+    def restarted(self, api: str, shape: Shape, carried: int) -> dict[str, tuple[str, int]]:
         """The texts a sampling request gives when moved after `carried` tokens to a successor
         that went wrong, by how (`policies.RESUMED_AFRESH`: it began its sampling state afresh
         there, penalties over the output counted from the move and a seeded generator seeded
         again; `policies.NOT_GIVEN`: it was not given the request's sampling), computed as
-        `reference` is (None where a close call leaves one undecided); empty where the backend
-        computes none."""
+        `reference` is, each with how many of its characters are decided (before a close call
+        the engine's arithmetic may take otherwise); empty where the backend computes none."""
         return {}
 
     def top_logprobs(self, case: Case) -> int:

@@ -78,19 +78,6 @@ def gpu_blocks(model_name: str) -> int:
     return KV_CACHE_BYTES // (BLOCK_TOKENS * QWEN3_KV_BYTES_PER_TOKEN)
 
 
-def close_call(drawn, whose: str) -> str | None:
-    """Why `drawn` (handoff_vllm.sampling.Drawn) does not decide its text: a choice closer to
-    the next best than the engine's float32 arithmetic allows (`fingerprint.TOLERANCE`)."""
-    from handoff_vllm.fingerprint import TOLERANCE
-
-    if drawn.least_margin >= TOLERANCE:
-        return None
-    return (
-        f"{whose} come within {drawn.least_margin:.5f} of the next best (under {TOLERANCE}): "
-        f"the engine's float32 may choose otherwise"
-    )
-
-
 def compact(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -287,16 +274,25 @@ class VllmBackend(DynamoGpuBackend):
     def undecided(self, api: str, shape) -> str | None:
         """A sampling request whose computed choice somewhere stands closer to the next than
         the engine's float32 arithmetic allows (`fingerprint.TOLERANCE`)."""
+        from handoff_vllm.fingerprint import TOLERANCE
+
         if not self.builds_model or shape.sampling is None:
             return None
-        return close_call(self.drawn(api, shape), "the close model's choices for this prompt")
+        if (margin := self.drawn(api, shape).least_margin) >= TOLERANCE:
+            return None
+        return (
+            f"the close model's choices for this prompt come within {margin:.5f} of the next "
+            f"best (under {TOLERANCE}): the engine's float32 may choose otherwise"
+        )
 
-    def restarted(self, api: str, shape, carried: int) -> dict[str, str | None]:
+    def restarted(self, api: str, shape, carried: int) -> dict[str, tuple[str, int]]:
         """A successor that began its sampling state afresh is wrong only for a request whose
         state counts the generated tokens apart (frequency and presence penalties, a seeded
         draw): vLLM counts a repetition penalty over the prompt's words too, where the tokens
-        carried are, so such a successor keeps it by definition. A wrong successor's text that
-        a close call leaves undecided is None."""
+        carried are, so such a successor keeps it by definition. Each text is decided up to
+        its first close call (`fingerprint.TOLERANCE`)."""
+        from handoff_vllm.fingerprint import TOLERANCE
+
         if not self.builds_model or shape.sampling is None:
             return {}
         s = shape.sampling
@@ -305,8 +301,8 @@ class VllmBackend(DynamoGpuBackend):
         texts = {}
         for way, then in (*ways, (NOT_GIVEN, DEFAULT_SAMPLING)):
             drawn = self.drawn(api, shape, carried, then)
-            words = "".join(f" {w}" for w in rule.words(drawn.tokens))
-            texts[way] = None if close_call(drawn, way) else words
+            words = [f" {w}" for w in rule.words(drawn.tokens)]
+            texts[way] = ("".join(words), len("".join(words[: drawn.decided(TOLERANCE)])))
         return texts
 
     def top_logprobs(self, case) -> int:

@@ -31,7 +31,15 @@ class Drawn:
     `fingerprint.TOLERANCE` is one the engine's float32 arithmetic may take otherwise."""
 
     tokens: list[int]
-    least_margin: float
+    margins: list[float]
+
+    @property
+    def least_margin(self) -> float:
+        return min(self.margins, default=float("inf"))
+
+    def decided(self, floor: float) -> int:
+        """How many tokens come before the first choice closer than `floor`."""
+        return next((at for at, m in enumerate(self.margins) if m < floor), len(self.tokens))
 
 
 def penalised(row: np.ndarray, prompt: list[int], output: list[int], s: Sampling) -> np.ndarray:
@@ -75,7 +83,7 @@ def output(
         best, second = np.sort(scores)[-2:][::-1]
         margins.append(float(best - second))
         tokens.append(int(np.argmax(scores)))
-    return Drawn(tokens, min(margins, default=float("inf")))
+    return Drawn(tokens, margins)
 
 
 class Noise:

@@ -26,8 +26,9 @@ class Sampled:
     if it is, and by how a successor went wrong, the text it gives after n tokens carried."""
 
     undecided: str | None
-    #: By how a successor went wrong, its text after n tokens carried (None: a close call).
-    wrong_successors: Callable[[int], dict[str, str | None]]
+    #: By how a successor went wrong, its text after n tokens carried and how many of its
+    #: characters are decided (`Backend.restarted`).
+    wrong_successors: Callable[[int], dict[str, tuple[str, int]]]
 
 
 def check(
@@ -52,27 +53,33 @@ def check(
         return
     carried = told - migration.prompt_tokens
     wrong = sampled.wrong_successors(carried)
-    if undecided := [way for way, text in wrong.items() if text is None]:
-        found.unproven.append(
-            f"{undecided[0]}: what such a successor gives after {carried} tokens carried is a "
-            f"close call, undecided: the case cannot tell it"
-        )
-        return
-    if not wrong or (same := [way for way, text in wrong.items() if text == reference]):
-        why = f"{same[0]} gives" if wrong else "no wrong successor's text is known, nor"
-        found.unproven.append(
-            f"{why} the reference's text too ({carried} tokens carried): the case cannot "
-            f"tell it from a kept state"
-        )
+    blind = {way: tells(reference, text, decided) for way, (text, decided) in wrong.items()}
+    if not wrong or (blinded := [way for way, why in blind.items() if why]):
+        why = f"{blinded[0]} {blind[blinded[0]]}" if wrong else "no wrong successor's text is known"
+        found.unproven.append(f"{why} ({carried} tokens carried): the case cannot tell it")
         return
     departures = [p for p in found.problems if p.startswith(DEPARTS)]
     ways = "; ".join(wrong)
     if not departures:
         found.notes.append(f"the text is the reference's, not a wrong successor's ({ways})")
-    elif way := next((w for w, text in wrong.items() if text == response.text), None):
+    elif way := next((w for w, (t, n) in wrong.items() if response.text[:n] == t[:n]), None):
+        text, decided = wrong[way]
+        upto = "" if decided == len(text) else f" up to its first close call (character {decided})"
         found.problems = [p for p in found.problems if p not in departures]
         found.problems.append(
-            f"{way}: the text is exactly what such a successor gives after the {carried} "
+            f"{way}: the text is exactly what such a successor gives{upto} after the {carried} "
             f"tokens the move carried ({departures[0]})"
         )
         continuity.settle_boundary(found, f"what such a successor gives after {carried} tokens")
+
+
+def tells(reference: str, text: str, decided: int) -> str | None:
+    """Why a wrong successor's `text` cannot be told from the `reference`: it is the
+    reference's, or it is the reference's up to a close call (its first `decided` characters).
+    None where it departs from the reference before any close call."""
+    at = continuity.first_divergence(reference, text)
+    if at is None:
+        return "gives the reference's text too"
+    if at >= decided:
+        return "gives the reference's text up to a close call, undecided after it"
+    return None
