@@ -352,6 +352,15 @@ def test_a_pass_fails_saying_the_fix_has_arrived():
     assert "the fix has arrived; remove its entry from policies.KNOWN_DEFECTS" in reason
 
 
+def test_not_proven_with_no_failure_stays_not_proven_and_claims_no_fix():
+    """The check that could show the defect was not made (a sampling case whose move could not
+    tell): that says nothing of a fix."""
+    unmade = Verdict(False, [], "verdict", unproven=["the case cannot tell it"])
+    verdict = against_known_defect(unmade, DRAIN)
+    assert verdict.outcome == "not proven" and verdict.reasons == []
+    assert verdict.notes[-1] == "Dynamo issue 13952 was expected to fail it: not shown"
+
+
 def test_a_case_without_a_known_defect_is_left_alone():
     verdict = Verdict(True, [], "verdict")
     assert against_known_defect(verdict, KNOWN_DEFECTS.get("worker_failure")) is verdict

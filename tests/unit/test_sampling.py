@@ -3,7 +3,9 @@ vLLM's penalties by their definition, on a row whose answer is worked by hand, a
 close model is for: its output repeats, every penalty the cases send changes it, and a
 successor that counts penalties on generated tokens from the move gives another text, while a
 repetition penalty, counted over the prompt too, keeps its text across the move. A seeded draw
-needs torch: tests/vllm_cpu/test_sampling.py shows it reproduces vLLM's."""
+needs torch: the seeded cases on the engine (tests/vllm_cpu/test_sampling.py) show it
+reproduced, as their text before the move is the computed one and after it exactly the
+computed re-seeded one."""
 
 from __future__ import annotations
 
@@ -76,5 +78,18 @@ def test_the_wrong_successors_are_those_the_sampling_can_have(name):
     backend = on_cpu()
     case = Case.from_id("worker_failure-completion-stream-tcp", name)
     shape = replace(backend.shape(case), sampling=SAMPLED[name], max_tokens=TOKENS)
-    expected = {NOT_GIVEN} if name == "repetition_penalty" else {RESUMED_AFRESH, NOT_GIVEN}
-    assert set(backend.restarted("completion", shape, 12)) == expected
+    expected = (NOT_GIVEN,) if name == "repetition_penalty" else (RESUMED_AFRESH, NOT_GIVEN)
+    assert backend.wrong_successors("completion", shape) == expected
+
+
+def test_a_replay_finds_the_first_token_no_successor_would_give():
+    """Each computed output follows its own sampler, and one other word anywhere departs
+    there: the replay the verdict names a wrong successor by."""
+    s = SAMPLED["frequency_penalty"]
+    moved = sampling.output(CONTEXT, TOKENS, s, 12).tokens
+    assert sampling.departure(CONTEXT, moved, s, 12) is None
+    kept = sampling.output(CONTEXT, TOKENS, s).tokens
+    first = next(at for at, (a, b) in enumerate(zip(moved, kept, strict=True)) if a != b)
+    assert sampling.departure(CONTEXT, moved, s) == first
+    wrong = (*moved[:30], rule.FIRST_OUTPUT, *moved[31:])
+    assert sampling.departure(CONTEXT, wrong, s, 12) == 30

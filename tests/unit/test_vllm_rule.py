@@ -55,3 +55,14 @@ def test_the_successor_maps_never_agree_and_never_stay():
 def test_a_second_anchor_is_refused():
     with pytest.raises(ValueError, match="anchor t1 2 times"):
         rule.continuation([rule.ANCHOR, 200, rule.ANCHOR], 1)
+
+
+@pytest.mark.parametrize("topology", ["stop", "stop_after", "min_tokens"])
+def test_a_stop_string_is_the_references_words_where_planned(topology):
+    """The stop cases plan their strings over the reference: a backend that answers none
+    cannot run them (a change once dropped the method, and every stop case refused to plan)."""
+    backend = on_cpu()
+    case = next(iter(selection(topology, "nightly")))
+    shape = backend.shape(case)
+    words = backend.reference(case.api, shape).split()
+    assert backend.stop_text(case.api, shape, 5, 9) == " ".join(words[5:9])

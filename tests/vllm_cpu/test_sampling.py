@@ -14,6 +14,7 @@ from handoff.runner import run_case
 
 FREQUENCY = Case.from_id("worker_failure-chat-stream-tcp", "frequency_penalty")
 REPETITION = Case.from_id("worker_failure-completion-stream-nats", "repetition_penalty")
+DRAINED_REPETITION = Case.from_id("graceful_shutdown-chat-unary-tcp", "repetition_penalty")
 SEEDED = Case.from_id("worker_failure-completion-stream-tcp", "seeded")
 DEPARTS = "the migrated text departs from the reference at token "
 
@@ -39,6 +40,22 @@ def test_a_seeded_draw_seeded_again_at_the_move_is_named_and_fails(vllm_cpu, tmp
     verdict = verdict_of(vllm_cpu, SEEDED, tmp_path)
     assert not verdict.passed and verdict.upstream_defect == "", verdict.reasons
     assert any(r.startswith(f"{RESUMED_AFRESH}: ") for r in verdict.reasons), verdict.reasons
+
+
+def test_a_repetition_penalty_survives_a_drain(vllm_cpu, tmp_path):
+    verdict = verdict_of(vllm_cpu, DRAINED_REPETITION, tmp_path)
+    assert verdict.passed, verdict.reasons or verdict.unproven
+    assert any("which no wrong successor gives" in n for n in verdict.notes), verdict.notes
+
+
+def test_a_successor_not_given_the_frequency_penalty_is_no_documented_divergence(
+    vllm_cpu, tmp_path
+):
+    """Both wrong successors give the same first token after the move; the text tells them
+    apart, and the one not given the penalty is a plain failure, not Dynamo PR 13600's."""
+    verdict = verdict_of(perturbing(vllm_cpu, "the sampling dropped"), FREQUENCY, tmp_path)
+    assert not verdict.passed and verdict.upstream_defect == "", verdict.reasons
+    assert any(r.startswith(f"{NOT_GIVEN}: ") for r in verdict.reasons), verdict.reasons
 
 
 def test_a_successor_not_given_the_repetition_penalty_fails_by_name(vllm_cpu, tmp_path):

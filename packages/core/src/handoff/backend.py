@@ -303,14 +303,18 @@ class Backend(ABC):
         not proven. None: decided, or no sampling request."""
         return None
 
-    def restarted(self, api: str, shape: Shape, carried: int) -> dict[str, tuple[str, int]]:
-        """The texts a sampling request gives when moved after `carried` tokens to a successor
-        that went wrong, by how (`policies.RESUMED_AFRESH`: it began its sampling state afresh
-        there, penalties over the output counted from the move and a seeded generator seeded
-        again; `policies.NOT_GIVEN`: it was not given the request's sampling), computed as
-        `reference` is, each with how many of its characters are decided (before a close call
-        the engine's arithmetic may take otherwise); empty where the backend computes none."""
-        return {}
+    def wrong_successors(self, api: str, shape: Shape) -> tuple[str, ...]:
+        """How a successor of a sampling request can go wrong, of `policies.RESUMED_AFRESH`
+        (it began its sampling state afresh at the move: penalties over the output counted from
+        there, a seeded generator seeded again) and `policies.NOT_GIVEN` (it was not given the
+        request's sampling); empty where the backend computes none."""
+        return ()
+
+    def follows(self, api: str, shape: Shape, carried: int, way: str, text: str) -> bool:
+        """Whether `text` is one a sampling request gives when moved after `carried` tokens to
+        a successor that went wrong by `way`: each token its computed choice, or within a close
+        call of it that the engine's arithmetic may take otherwise."""
+        return False
 
     def top_logprobs(self, case: Case) -> int:
         """How many of the most likely tokens' log-probabilities each generated token of

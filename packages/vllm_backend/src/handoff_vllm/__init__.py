@@ -263,13 +263,12 @@ class VllmBackend(DynamoGpuBackend):
             context + opening, shape.max_tokens - len(opening)
         )
 
-    def drawn(self, api: str, shape, restart: int | None = None, then=None):
-        """The close model's output for a sampling request (handoff_vllm.sampling), or that of
-        a successor that began its sampling state after `restart` tokens, under `then`."""
+    def drawn(self, api: str, shape):
+        """The close model's output for a sampling request (handoff_vllm.sampling)."""
         from handoff_vllm import sampling  # numpy: only where a sampling case plans
 
         context = tuple(rule.context_of(shape.prompt, api))
-        return sampling.output(context, shape.max_tokens, shape.sampling, restart, then)
+        return sampling.output(context, shape.max_tokens, shape.sampling)
 
     def undecided(self, api: str, shape) -> str | None:
         """A sampling request whose computed choice somewhere stands closer to the next than
@@ -285,25 +284,34 @@ class VllmBackend(DynamoGpuBackend):
             f"best (under {TOLERANCE}): the engine's float32 may choose otherwise"
         )
 
-    def restarted(self, api: str, shape, carried: int) -> dict[str, tuple[str, int]]:
-        """A successor that began its sampling state afresh is wrong only for a request whose
-        state counts the generated tokens apart (frequency and presence penalties, a seeded
-        draw): vLLM counts a repetition penalty over the prompt's words too, where the tokens
-        carried are, so such a successor keeps it by definition. Each text is decided up to
-        its first close call (`fingerprint.TOLERANCE`)."""
-        from handoff_vllm.fingerprint import TOLERANCE
-
+    def wrong_successors(self, api: str, shape) -> tuple[str, ...]:
+        """One that began its sampling state afresh is wrong only for a request whose state
+        counts the generated tokens apart (frequency and presence penalties, a seeded draw):
+        vLLM counts a repetition penalty over the prompt's words too, where the tokens carried
+        are, so such a successor keeps it by definition."""
         if not self.builds_model or shape.sampling is None:
-            return {}
+            return ()
         s = shape.sampling
         apart = s.frequency_penalty or s.presence_penalty or s.temperature > 0
-        ways = [(RESUMED_AFRESH, None)] if apart else []
-        texts = {}
-        for way, then in (*ways, (NOT_GIVEN, DEFAULT_SAMPLING)):
-            drawn = self.drawn(api, shape, carried, then)
-            words = [f" {w}" for w in rule.words(drawn.tokens)]
-            texts[way] = ("".join(words), len("".join(words[: drawn.decided(TOLERANCE)])))
-        return texts
+        return (RESUMED_AFRESH, NOT_GIVEN) if apart else (NOT_GIVEN,)
+
+    def follows(self, api: str, shape, carried: int, way: str, text: str) -> bool:
+        """Replayed along `text`'s words (handoff_vllm.sampling.departure)."""
+        from handoff_vllm import sampling
+
+        tokens = tuple(word_tokenizer.token_id(word) for word in text.split())
+        if None in tokens:
+            return False
+        context = tuple(rule.context_of(shape.prompt, api))
+        then = DEFAULT_SAMPLING if way == NOT_GIVEN else None
+        return sampling.departure(context, tokens, shape.sampling, carried, then) is None
+
+    def stop_text(self, api: str, shape, begins: int, ends: int) -> str | None:
+        """The built-in model's words `begins` to `ends` of its continuation, as the detokenized
+        text holds them (one space apart)."""
+        if not self.builds_model:
+            return None
+        return " ".join(rule.words(self.reference_tokens(api, shape)[1][begins:ends]))
 
     def top_logprobs(self, case) -> int:
         return tiny_model.TOP_LOGPROBS if self.builds_model else 0
@@ -311,13 +319,15 @@ class VllmBackend(DynamoGpuBackend):
     def logprob_judge(self, api: str, shape):
         """The built-in model's log-probabilities as handoff computes them
         (handoff_vllm.fingerprint) after the context and the tokens the response holds,
-        against what the engine returned for each token. Judged on the tokens received, not
-        the reference's: the text is compared with the reference apart, so a response that
-        departs from it (a sampling case's successor that began its penalties afresh) is
-        still shown to have continued its true context."""
+        against what the engine returned for each token. Computed after the tokens received,
+        not the reference's: the text is compared with the reference apart, so a response that
+        departs from it (a sampling case's successor that began its penalties afresh) is still
+        shown to have continued its true context. A word outside the computed top is allowed
+        where the reference has it (the guide's opening word), and, for a sampling request, the
+        word received (the drawn or penalised one)."""
         if not self.builds_model:
             return None
-        context, _ = self.reference_tokens(api, shape)
+        context, owed = self.reference_tokens(api, shape)
         flavour = weights.CLOSE if shape.sampling is not None else weights.EXACT
 
         def judge(observed: list[dict[str, float]], text: str) -> str | None:
@@ -334,7 +344,8 @@ class VllmBackend(DynamoGpuBackend):
                 by_id.append(ids)
             from handoff_vllm import fingerprint  # numpy: only where a response is judged
 
-            return fingerprint.departure(context, output, by_id, flavour)
+            allowed = output if shape.sampling is not None else owed
+            return fingerprint.departure(context, output, by_id, flavour, allowed)
 
         return judge
 

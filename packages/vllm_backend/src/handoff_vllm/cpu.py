@@ -50,6 +50,10 @@ ENV = {
     "VLLM_HOST_IP": LOOPBACK,
     # With the default multiprocessing, vLLM's CPU platform swaps `uni` for `mp`.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # The first model runner, whose sampler handoff_vllm.sampling reproduces (a seeded draw:
+    # one float32 exponential a word each token from the request's generator); the second
+    # draws otherwise, and a shell's choice of it must not change what the seeded cases judge.
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
 }
 #: float32: vLLM's CPU platform would downcast the model to bfloat16, whose rounding (a
 #: sixteenth of a log-probability, seen) would hide the context's fingerprint

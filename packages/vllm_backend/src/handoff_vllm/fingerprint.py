@@ -100,11 +100,15 @@ def departure(
     output: list[int],
     observed: list[dict[int, float]],
     flavour: weights.Flavour = weights.EXACT,
+    owed: list[int] | None = None,
 ) -> str | None:
     """Where the top log-probabilities `observed` for each token of `output` (generated after
     `context`) first depart from this computation by more than `TOLERANCE`, or leave out a
-    word that is in the computed top; None where none does. More entries than `output` has
-    tokens depart too (fewer are the response's own count to judge: evidence.logprob_problems)."""
+    word that is in the computed top; None where none does. A word outside the computed top
+    is allowed only where `owed` (by default `output`) has it: the drawn one. More entries
+    than `output` has tokens depart too (fewer are the response's own count to judge:
+    evidence.logprob_problems)."""
+    owed = output if owed is None else owed
     if len(observed) > len(output):
         return f"{len(observed)} tokens carry log-probabilities; the reference has {len(output)}"
     expected = reference(tuple(context + output[: len(observed) - 1]), len(context) - 1, flavour)
@@ -117,7 +121,8 @@ def departure(
                     f"t{token} {value:.6f} received, {row[token]:.6f} computed "
                     f"(tolerance {TOLERANCE})"
                 )
-            if row[token] < floor - TOLERANCE and token != output[at]:  # the drawn one: any
+            drawn = at < len(owed) and token == owed[at]
+            if row[token] < floor - TOLERANCE and not drawn:
                 return f"t{token} is not among the computed top {TOP_LOGPROBS} at token {at + 1}"
         if len(seen) < TOP_LOGPROBS:
             return f"token {at + 1} carries {len(seen)} log-probabilities, {TOP_LOGPROBS} asked"

@@ -7,10 +7,12 @@ the best word, or at a temperature the seeded draw: a torch generator seeded wit
 request's seed draws one exponential noise a word each token, and the word whose probability
 over its noise is largest is drawn.
 
-`output(..., restart=n)` computes what a successor gives that began its sampling state afresh
-after the n tokens a move carried: those tokens counted as prompt, not output, and its
-generator seeded again; with `then` the default sampling, one that was not given the
-request's sampling at all.
+With `restart` n, a request moved after n tokens to a successor that began its sampling state
+afresh there: those tokens counted as prompt, not output, and its generator seeded again;
+with `then` the default sampling, one that was not given the request's sampling at all.
+`output` computes the choices; `departure` replays given tokens and finds the first that is
+neither the computed choice nor within a close call of it (`fingerprint.TOLERANCE`), which the
+engine's float32 arithmetic may take otherwise.
 """
 
 from __future__ import annotations
@@ -22,24 +24,20 @@ import numpy as np
 
 from handoff.client import Sampling
 from handoff_vllm import fingerprint, weights
+from handoff_vllm.fingerprint import TOLERANCE
 
 
 @dataclass(frozen=True)
 class Drawn:
     """A computed output, and how far each choice stood from the next best: in logits for the
-    best word, in the log of the ratio for a draw. A choice closer than
-    `fingerprint.TOLERANCE` is one the engine's float32 arithmetic may take otherwise."""
+    best word, in the log of the ratio for a draw."""
 
-    tokens: list[int]
-    margins: list[float]
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]
 
     @property
     def least_margin(self) -> float:
         return min(self.margins, default=float("inf"))
-
-    def decided(self, floor: float) -> int:
-        """How many tokens come before the first choice closer than `floor`."""
-        return next((at for at, m in enumerate(self.margins) if m < floor), len(self.tokens))
 
 
 def penalised(row: np.ndarray, prompt: list[int], output: list[int], s: Sampling) -> np.ndarray:
@@ -55,7 +53,30 @@ def penalised(row: np.ndarray, prompt: list[int], output: list[int], s: Sampling
     return logits - s.frequency_penalty * counts - s.presence_penalty * (counts > 0)
 
 
-@lru_cache(maxsize=8)
+class Sampler:
+    """One request's scores token by token, as vLLM's sampler gives them: `scores` is asked for
+    each position in turn, as the engine's generator draws once a token."""
+
+    def __init__(
+        self, context: tuple[int, ...], s: Sampling, restart: int | None, then: Sampling | None
+    ) -> None:
+        self.context, self.s, self.restart, self.then = context, s, restart, then or s
+        self.noise = Noise(s.seed) if s.temperature > 0 else None
+        self.begins = 0  # the output's first token as the engine counts it
+
+    def scores(self, tokens: list[int]) -> np.ndarray:
+        """What decides the token after `tokens` (the output so far): the largest wins."""
+        if len(tokens) == self.restart:
+            self.s, self.begins = self.then, len(tokens)
+            self.noise = Noise(self.s.seed) if self.s.temperature > 0 else None
+        whole = [*self.context, *tokens]
+        row = fingerprint.logits(whole, len(whole) - 1, flavour=weights.CLOSE)[-1]
+        prompt = whole[: len(self.context) + self.begins]
+        scores = penalised(row, prompt, tokens[self.begins :], self.s)
+        return scores if self.noise is None else self.noise.scores(scores / self.s.temperature)
+
+
+@lru_cache(maxsize=16)
 def output(
     context: tuple[int, ...],
     count: int,
@@ -63,27 +84,34 @@ def output(
     restart: int | None = None,
     then: Sampling | None = None,
 ) -> Drawn:
-    """The `count` tokens the close model gives after `context` under `s`; with `restart`,
-    those of a request moved after `restart` tokens to a successor that began its sampling
-    state there, under `then` (`s` by default; the default sampling for a successor that was
-    not given the request's). Kept: a case plans, judges and explains with the same one."""
+    """The `count` tokens the close model gives after `context` under `s` (moved as `restart`
+    and `then` say). Kept: a case plans and judges with the same one."""
+    sampler = Sampler(context, s, restart, then)
     tokens: list[int] = []
     margins: list[float] = []
-    begins = 0  # the output's first token as the engine counts it
-    noise = Noise(s.seed) if s.temperature > 0 else None
-    for at in range(count):
-        if at == restart:
-            s = then or s
-            noise, begins = Noise(s.seed) if s.temperature > 0 else None, at
-        whole = [*context, *tokens]
-        row = fingerprint.logits(whole, len(whole) - 1, flavour=weights.CLOSE)[-1]
-        scores = penalised(row, whole[: len(context) + begins], tokens[begins:], s)
-        if noise is not None:
-            scores = noise.scores(scores / s.temperature)
+    for _ in range(count):
+        scores = sampler.scores(tokens)
         best, second = np.sort(scores)[-2:][::-1]
         margins.append(float(best - second))
         tokens.append(int(np.argmax(scores)))
-    return Drawn(tokens, margins)
+    return Drawn(tuple(tokens), tuple(margins))
+
+
+def departure(
+    context: tuple[int, ...],
+    tokens: tuple[int, ...],
+    s: Sampling,
+    restart: int | None = None,
+    then: Sampling | None = None,
+) -> int | None:
+    """The first of `tokens` that the request (moved as `restart` and `then` say) would not
+    give: neither its computed choice nor within a close call of it; None where each is."""
+    sampler = Sampler(context, s, restart, then)
+    for at, token in enumerate(tokens):
+        scores = sampler.scores(list(tokens[:at]))
+        if scores[token] < scores.max() - TOLERANCE:
+            return at
+    return None
 
 
 class Noise:

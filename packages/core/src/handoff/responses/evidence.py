@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from handoff import continuity
 from handoff.backend import Backend, LogprobJudge, Shape, Worker
@@ -46,7 +47,8 @@ def owing(backend: Backend, request: Request, shape: Shape, text: tuple[str | No
     drawn = None
     if shape.sampling is not None:
         undecided = backend.undecided(request.api, shape)
-        drawn = sampled.Sampled(undecided, lambda n: backend.restarted(request.api, shape, n))
+        ways = backend.wrong_successors(request.api, shape)
+        drawn = sampled.Sampled(undecided, ways, partial(backend.follows, request.api, shape))
     return Owed(*text, logprobs=judge, sampled=drawn)
 
 

@@ -1,12 +1,14 @@
 """A sampling request's text across a move (cases.SAMPLINGS): judged as every other against the
 reference the backend computed (`continuity.check`); here, what that judgement needs beside
 it. The reference must decide the text (`Backend.undecided`). The case must tell a successor
-that kept the request's sampling from each that went wrong: the text each gives after the
-tokens the move carried (`Backend.restarted`: one that began its sampling state afresh, one
-not given the request's sampling) must differ from the reference's, or the case proves nothing
-of that way. A text that departs from the reference and is exactly one of
-theirs is named by it: Dynamo's migration document says a move cannot carry penalties on
-generated tokens (`policies.KNOWN_DIVERGENCES`); any other departure is a plain failure.
+that kept the request's sampling from each that went wrong (`Backend.wrong_successors`: one
+that began its sampling state afresh at the move, one not given the request's sampling): the
+reference's text must be one that no wrong successor may give after the tokens the move
+carried (`Backend.follows`: each token its computed choice, or within a close call of it), or
+the case proves nothing of that way. A text that departs from the reference and is one that
+exactly one wrong successor may give is named by it: Dynamo's migration document says a move
+cannot carry penalties on generated tokens (`policies.KNOWN_DIVERGENCES`); a text that more
+than one may give leaves the cause unproven; any other departure is a plain failure.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ DEPARTS = "the migrated text departs from"
 @dataclass(frozen=True)
 class Sampled:
     """What a sampling request's verdict needs of the backend: why its reference is undecided,
-    if it is, and by how a successor went wrong, the text it gives after n tokens carried."""
+    if it is, the ways its successor can go wrong, and whether a text after n tokens carried
+    is one a successor gone wrong one way may give (`Backend.follows`, given n, way, text)."""
 
     undecided: str | None
-    #: By how a successor went wrong, its text after n tokens carried and how many of its
-    #: characters are decided (`Backend.restarted`).
-    wrong_successors: Callable[[int], dict[str, tuple[str, int]]]
+    ways: tuple[str, ...]
+    follows: Callable[[int, str, str], bool]
 
 
 def check(
@@ -52,34 +54,36 @@ def check(
         )
         return
     carried = told - migration.prompt_tokens
-    wrong = sampled.wrong_successors(carried)
-    blind = {way: tells(reference, text, decided) for way, (text, decided) in wrong.items()}
-    if not wrong or (blinded := [way for way, why in blind.items() if why]):
-        why = f"{blinded[0]} {blind[blinded[0]]}" if wrong else "no wrong successor's text is known"
-        found.unproven.append(f"{why} ({carried} tokens carried): the case cannot tell it")
+    blind = [way for way in sampled.ways if sampled.follows(carried, way, reference)]
+    if not sampled.ways or blind:
+        why = f"{blind[0]} may give" if blind else "no wrong successor is known to give other than"
+        found.unproven.append(
+            f"{why} the reference's text ({carried} tokens carried): the case cannot tell it"
+        )
         return
     departures = [p for p in found.problems if p.startswith(DEPARTS)]
-    ways = "; ".join(wrong)
     if not departures:
-        found.notes.append(f"the text is the reference's, not a wrong successor's ({ways})")
-    elif way := next((w for w, (t, n) in wrong.items() if response.text[:n] == t[:n]), None):
-        text, decided = wrong[way]
-        upto = "" if decided == len(text) else f" up to its first close call (character {decided})"
+        ways = "; ".join(sampled.ways)
+        found.notes.append(f"the text is the reference's, which no wrong successor gives ({ways})")
+        return
+    ways = [way for way in sampled.ways if sampled.follows(carried, way, response.text)]
+    named(found, departures, ways, carried)
+
+
+def named(
+    found: continuity.Continuity, departures: list[str], ways: list[str], carried: int
+) -> None:
+    """A departure that the `ways` a text may come from explain: one names it, token for token
+    what such a successor gives; more leave its cause unproven, the departure standing."""
+    if len(ways) > 1:
+        found.unproven.append(
+            f"the text is one that {' and '.join(ways)} may each give ({carried} tokens "
+            f"carried): the case cannot tell which"
+        )
+    elif ways:
         found.problems = [p for p in found.problems if p not in departures]
         found.problems.append(
-            f"{way}: the text is exactly what such a successor gives{upto} after the {carried} "
-            f"tokens the move carried ({departures[0]})"
+            f"{ways[0]}: the text is what such a successor gives after the {carried} tokens the "
+            f"move carried, token for token ({departures[0]})"
         )
         continuity.settle_boundary(found, f"what such a successor gives after {carried} tokens")
-
-
-def tells(reference: str, text: str, decided: int) -> str | None:
-    """Why a wrong successor's `text` cannot be told from the `reference`: it is the
-    reference's, or it is the reference's up to a close call (its first `decided` characters).
-    None where it departs from the reference before any close call."""
-    at = continuity.first_divergence(reference, text)
-    if at is None:
-        return "gives the reference's text too"
-    if at >= decided:
-        return "gives the reference's text up to a close call, undecided after it"
-    return None

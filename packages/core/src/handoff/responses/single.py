@@ -256,12 +256,13 @@ def plan(
 
 
 def decided(backend: Backend, case: Case, shape: Shape, variant: int) -> Shape:
-    """A sampling request's shape with the first prompt, from `variant` on, whose reference
-    the backend's computation decides (`Backend.undecided`: no choice a close call), so that a
-    case is not left unproven by its prompt's chance; the last tried where none is, which the
-    verdict then reads as not proven."""
+    """A sampling request's shape with the first prompt of its own `SAMPLING_PROMPTS` (the
+    `variant`th such run: a pool's cases never share one) whose reference the backend's
+    computation decides (`Backend.undecided`: no choice a close call), so that a case is not
+    left unproven by its prompt's chance; the last tried where none is, which the verdict then
+    reads as not proven."""
     tried = shape
-    for other in range(variant, variant + SAMPLING_PROMPTS):
+    for other in range(variant * SAMPLING_PROMPTS, (variant + 1) * SAMPLING_PROMPTS):
         prompt = backend.shape(case, other).prompt
         tried = replace(shape, prompt=prompt)
         if backend.undecided(case.api, tried) is None:
