@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from handoff.cases import topology
 from handoff.client import Chunk, Response
 from handoff.continuity import Continuity, Migration, Takeover
-from handoff.cases import topology
 from handoff.policies import KNOWN_DEFECTS, KNOWN_DIVERGENCES, NOT_GIVEN, RESUMED_AFRESH
 from handoff.responses import sampled
 from handoff.responses.sampled import DEPARTS
