@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from handoff.policies import KNOWN_DEFECTS, KNOWN_RACES
+from handoff.policies import KNOWN_DEFECTS, KNOWN_DIVERGENCES, KNOWN_RACES
 from handoff.runs.results import CaseRecord, tally
 from handoff.verdict import Verdict, against_known_defect
 
@@ -352,13 +352,29 @@ def test_a_pass_fails_saying_the_fix_has_arrived():
     assert "the fix has arrived; remove its entry from policies.KNOWN_DEFECTS" in reason
 
 
-def test_not_proven_with_no_failure_stays_not_proven_and_claims_no_fix():
-    """The check that could show the defect was not made (a sampling case whose move could not
-    tell): that says nothing of a fix."""
-    unmade = Verdict(False, [], "verdict", unproven=["the case cannot tell it"])
-    verdict = against_known_defect(unmade, DRAIN)
+@pytest.mark.parametrize(
+    "why",
+    [
+        "the successor's sampling state began at the move may give the reference's text (12 "
+        "tokens carried): the case cannot tell it",
+        "where the move fell is unknown (no usage.prompt_tokens): what a successor that went "
+        "wrong there gives cannot be computed",
+    ],
+)
+def test_not_proven_for_the_divergences_own_check_stays_not_proven_and_claims_no_fix(why):
+    """The check that could show the documented divergence was not made (a sampling case whose
+    move could not tell): that says nothing of a fix."""
+    divergence = KNOWN_DIVERGENCES["frequency_penalty"]
+    verdict = against_known_defect(Verdict(False, [], "verdict", unproven=[why]), divergence)
     assert verdict.outcome == "not proven" and verdict.reasons == []
-    assert verdict.notes[-1] == "Dynamo issue 13952 was expected to fail it: not shown"
+    assert verdict.notes[-1].endswith("was expected to fail it: not shown")
+
+
+def test_not_proven_for_another_check_still_says_the_fix_has_arrived():
+    unmade = ["where worker-1's tokens begin is ambiguous"]
+    divergence = KNOWN_DIVERGENCES["frequency_penalty"]
+    verdict = against_known_defect(Verdict(False, [], "verdict", unproven=unmade), divergence)
+    assert verdict.outcome == "failed" and "the fix has arrived" in verdict.reasons[0]
 
 
 def test_a_case_without_a_known_defect_is_left_alone():

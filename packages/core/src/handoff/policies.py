@@ -139,9 +139,16 @@ class KnownDefect:
     promise: str
     signature: tuple[str, ...]
     explains: tuple[re.Pattern[str], ...]
+    #: Checks left unmade that are the defect's own (matched whole, as `explains`): a case
+    #: not proven for one of them could not have shown the defect, and claims no fix.
+    unmade: tuple[re.Pattern[str], ...] = ()
 
     def describe(self) -> str:
         return f"{self.issue}: {self.promise}"
+
+    def unmade_by(self, unproven: Sequence[str]) -> bool:
+        """Whether a check `unproven` lists is one that could have shown the defect."""
+        return any(p.fullmatch(u) for p in self.unmade for u in unproven)
 
     def unexplained(self, reasons: Sequence[str], faulted: str | None = None) -> list[str]:
         """The reasons none of the defect's patterns matches whole, or matches about a request
@@ -294,6 +301,13 @@ KNOWN_DIVERGENCES = {
         "successor counts them from the move",
         (RESUMED_AFRESH,),
         whole(rf"{re.escape(RESUMED_AFRESH)}: .*"),
+        # The sampled verdict's own unmade checks (responses.sampled): a move that could not
+        # tell, a move of unknown place, a reference a close call leaves undecided.
+        whole(
+            r".*the case cannot tell (?:it|which)",
+            r"where the move fell is unknown .*",
+            r".*the engine's float32 may choose otherwise",
+        ),
     )
     for topology in ("frequency_penalty", "presence_penalty")
 }

@@ -246,17 +246,18 @@ def against_known_defect(
     every sign and for no reason it does not explain, it is that defect (a strict expected
     failure; not proven if it also left a check unmade); with its signs and other reasons too,
     a plain failure that names the defect and each reason it does not explain, so that the
-    defect hides no second failure; failed otherwise, a plain failure; passed, it fails too,
-    saying that the fix has arrived; not proven with no failure, it stays not proven: the check
-    that could show the defect was not made, which says nothing of a fix. `faulted`: the worker
-    the case faulted, where a reason about a request names the request's worker (a load
+    defect hides no second failure; failed otherwise, a plain failure; passed, or not proven
+    with no failure, it fails too, saying that the fix has arrived: no check made showed the
+    defect; but not proven for a reason the defect calls its own check unmade
+    (`KnownDefect.unmade`), it stays not proven, which says nothing of a fix. `faulted`: the
+    worker the case faulted, where a reason about a request names the request's worker (a load
     case's)."""
     if defect is None:
         return verdict
-    if not verdict.reasons and verdict.unproven:
+    if not verdict.reasons and defect.unmade_by(verdict.unproven):
         verdict.notes = [*verdict.notes, f"{defect.issue} was expected to fail it: not shown"]
         return verdict
-    if not verdict.reasons:  # passed: the defect showed in no check made
+    if not verdict.reasons:  # passed, or not proven: the defect showed in no check made
         return Verdict(
             False,
             [
