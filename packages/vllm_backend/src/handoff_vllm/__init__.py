@@ -299,12 +299,12 @@ class VllmBackend(DynamoGpuBackend):
         """Replayed along `text`'s words (handoff_vllm.sampling.departure)."""
         from handoff_vllm import sampling
 
-        tokens = tuple(word_tokenizer.token_id(word) for word in text.split())
-        if None in tokens:
+        tokens = word_tokenizer.token_ids(text)
+        if tokens is None:
             return False
         context = tuple(rule.context_of(shape.prompt, api))
         then = DEFAULT_SAMPLING if way == NOT_GIVEN else None
-        return sampling.departure(context, tokens, shape.sampling, carried, then) is None
+        return sampling.departure(context, tuple(tokens), shape.sampling, carried, then) is None
 
     def stop_text(self, api: str, shape, begins: int, ends: int) -> str | None:
         """The built-in model's words `begins` to `ends` of its continuation, as the detokenized
@@ -331,8 +331,8 @@ class VllmBackend(DynamoGpuBackend):
         flavour = weights.CLOSE if shape.sampling is not None else weights.EXACT
 
         def judge(observed: list[dict[str, float]], text: str) -> str | None:
-            output = [word_tokenizer.token_id(word) for word in text.split()]
-            if None in output:
+            output = word_tokenizer.token_ids(text)
+            if output is None:
                 return f"the text holds a word outside the model: {text[:80]!r}"
             by_id = []
             for at, top in enumerate(observed):
