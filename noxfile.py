@@ -58,10 +58,10 @@ def tests(session: nox.Session) -> None:
 
 #: Debian's packages the tests need, by the binary each provides: the report test renders its
 #: HTML in chromium; the partition cases cut connections with nftables.
-TEST_BINARIES = {"chromium": "chromium", "nft": "nftables"}
+TEST_BINARIES = {"chromium": "chromium", "nft": "nftables", "etcd": "etcd-server"}
 #: What a qualification on this machine can use: nft for its partition cases, reported not
 #: run without it.
-QUALIFY_BINARIES = {"nft": "nftables"}
+QUALIFY_BINARIES = {"nft": "nftables", "etcd": "etcd-server"}
 
 
 def install_debian(session: nox.Session, binaries: dict[str, str], required: bool) -> None:

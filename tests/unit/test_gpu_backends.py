@@ -155,8 +155,10 @@ def flags(argv: list[str]) -> set[str]:
 @pytest.mark.parametrize("topology", GPU_TOPOLOGIES)
 @pytest.mark.parametrize("plane", ["nats", "tcp"])
 def test_dynamo_parses_every_dynamo_flag_and_leaves_the_engine_ones(
-    name, topology, plane, dynamo_groups, tmp_path
+    name, topology, plane, dynamo_groups, tmp_path, monkeypatch
 ):
+    # The discovery is the deployment's environment's (services.runtime_env), never a flag.
+    monkeypatch.setenv("DYN_DISCOVERY_BACKEND", "etcd")
     backend = BACKENDS[name]()
     case = next(c for c in selection(topology, "nightly", backend) if c.plane == plane)
     for worker in render(backend, case, tmp_path):
@@ -165,7 +167,7 @@ def test_dynamo_parses_every_dynamo_flag_and_leaves_the_engine_ones(
         args, leftover = dynamo_parser(dynamo_groups, name).parse_known_args(argv)
         native = NATIVE[name]["all"] | NATIVE[name].get(worker["role"], set())
         assert flags(leftover) == native, worker["name"]
-        assert args.discovery_backend == "file"
+        assert args.discovery_backend == "etcd" and "--discovery-backend" not in argv
         assert args.request_plane == plane
         if name in DYNAMO_MODE:
             assert args.disaggregation_mode == DYNAMO_MODE[name][worker["role"]]

@@ -162,7 +162,7 @@ class Backend(ABC):
     uses_settings: ClassVar[tuple[str, ...]] = (
         "model", "model_path", "model_cache", "image", "max_tokens",
         "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
-        "fresh_deployments", "spare_workers", "durations_file",
+        "fresh_deployments", "spare_workers", "discovery", "durations_file",
     )  # fmt: skip
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}

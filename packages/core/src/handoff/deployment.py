@@ -242,7 +242,8 @@ class Deployment:
             if strangers := set().union(*listed.values()) - ours:
                 raise CaseFailure(
                     f"the frontend lists instance(s) {sorted(strangers)} that are none of this "
-                    f"case's workers ({sorted(ours)}): a stale registration in {self.pool.store}"
+                    f"case's workers ({sorted(ours)}): a stale registration in "
+                    f"{self.pool.discovery}"
                 )
             counts = {where: len(ids) for where, ids in listed.items()}
             shown = {"/".join(k): n for k, n in sorted(counts.items())}

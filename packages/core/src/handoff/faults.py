@@ -13,10 +13,10 @@ from typing import Protocol
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, ENGINE, STALLS
+from handoff.cases import BROKER, ENGINE, STALLS, Case
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
-from handoff.machine import firewall
+from handoff.machine import etcd, firewall
 from handoff.machine.processes import ManagedProcess
 from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
@@ -381,9 +381,18 @@ def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:
     poll_until(probe, deadline, f"the partition of {holder.name} to drop a packet")
 
 
-def missing_for(fault: str) -> str | None:
-    """Why `fault` cannot be made on this machine, in one line; None when it can."""
-    return firewall.missing() if fault == "partition" else None
+def discovery(case: Case, chosen: str) -> tuple[str, int]:
+    """Where `case`'s workers register, and in how many etcd members: the `chosen` discovery
+    (file, or etcd with one member)."""
+    return (chosen, 0 if chosen == "file" else 1)
+
+
+def missing_for(case: Case, chosen: str) -> str | None:
+    """Why `case` cannot be run on this machine, in one line; None when it can: its fault
+    needs nftables, or its workers etcd."""
+    if case.fault == "partition" and (why := firewall.missing()):
+        return why
+    return etcd.missing() if discovery(case, chosen)[0] == "etcd" else None
 
 
 def worker_env(fault: str) -> dict[str, str]:

@@ -223,7 +223,6 @@ class DynamoGpuBackend(Backend):
     ) -> Launch:
         argv = [
             sys.executable, "-m", self.dynamo_module,
-            "--discovery-backend", "file",
             "--request-plane", case.plane,
             *self.engine_argv(role, model, ports, folder),
         ]  # fmt: skip

@@ -42,7 +42,8 @@ from handoff import faults, metrics
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
-from handoff.machine import registrations, services
+from handoff.machine import etcd, registrations, services
+from handoff.machine.discovery import Discovery, EtcdDiscovery, FileDiscovery
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.preload import Preloader
 from handoff.machine.processes import ManagedProcess
@@ -67,17 +68,24 @@ class PoolKey:
     roles: tuple[str, ...]
     plane: str
     variant: tuple
+    #: The discovery the workers register in, and how many etcd members it has (file: 0).
+    discovery: tuple[str, int] = ("file", 0)
 
     @classmethod
     def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
         variant = (*backend.worker_variant(case), *faults.worker_tag(case.fault))
-        return cls(backend.name, roles, case.plane, variant)
+        chosen = str(backend.setting("discovery") or "file")
+        return cls(backend.name, roles, case.plane, variant, faults.discovery(case, chosen))
 
     @property
     def label(self) -> str:
-        """A readable name: backend, roles, plane and the variant, e.g. for xdist groups."""
+        """A readable name: backend, roles, plane, the variant and a discovery other than the
+        file store, e.g. for xdist groups."""
         variant = "-".join(str(v) for v in self.variant)
-        return "-".join(filter(None, [self.backend, "+".join(self.roles), self.plane, variant]))
+        kind, members = self.discovery
+        on = "" if kind == "file" else f"{kind}{members}"
+        parts = [self.backend, "+".join(self.roles), self.plane, variant, on]
+        return "-".join(filter(None, parts))
 
 
 class Pool:
@@ -91,6 +99,7 @@ class Pool:
         folder: Path,
         spares: int = 0,
         cases: int | None = None,
+        discovery: tuple[str, int] = ("file", 0),
     ):
         self.backend = backend
         #: The case whose launch every worker of the pool gets: its key's first.
@@ -134,15 +143,15 @@ class Pool:
         self.gpu: vram_ledger.Hold | None = None
         #: Whether the wall clock, which the workers' discovery leases run on, held.
         self.clock = WallClock()
+        #: The discovery's kind and etcd members; what the workers register in, once started.
+        self.discovery_kind = discovery
+        self.discovery: Discovery | None = None
+        self.etcd: etcd.Cluster | None = None
 
     @property
     def name(self) -> str:
         """The pool's folder's name, e.g. `gw0-3-mocker-aggregate+aggregate-tcp-1.0-0.0`."""
         return self.folder.name
-
-    @property
-    def store(self) -> Path:
-        return self.folder / "discovery"
 
     @property
     def started(self) -> bool:
@@ -151,8 +160,7 @@ class Pool:
     def start(self) -> None:
         """Launch NATS (on the nats plane) and every worker; `draw` waits for them."""
         self.backend.check_environment()
-        for state in ("discovery", "nats"):  # stale registrations would count as instances
-            shutil.rmtree(self.folder / state, ignore_errors=True)
+        shutil.rmtree(self.folder / "nats", ignore_errors=True)
         self.model = self.backend.prepare_model(self.folder / "model")
         if self.model.path is not None and not self.model.path.is_dir():
             raise HandoffError(
@@ -160,7 +168,8 @@ class Pool:
                 "fix the backend's model_path setting (handoff config shows where it came from)"
             )
         self.nats_port = self.leases.take() if self.case.plane == "nats" else None
-        self.env = services.runtime_env(self.store, self.nats_port)
+        self.discovery = self._discovery()
+        self.env = services.runtime_env(self.discovery.env(), self.nats_port)
         modules = {**services.PRELOADED, **self.backend.preloaded}
         log = self.folder / "preloader.log"
         self.preloader = Preloader(modules, services.PRELOADED_BASE, self.env, log)
@@ -169,11 +178,21 @@ class Pool:
         if self.nats_port is not None:
             nats = services.nats_command(self.nats_port, self.folder / "nats")
             self.nats = self._spawn("nats-server", nats)
+        if self.etcd is not None:
+            self.etcd.start()
+            self.etcd.wait_ready(Deadline(etcd.READY_TIMEOUT_S))
         self.workers = [self._start_worker(role) for role in self.roles]
         target = topology(self.case.topology).target_role
         if target in self.roles:
             wanted = self._spares_after_next_draw()
             self.spares = [self._start_worker(target, spare=True) for _ in range(wanted)]
+
+    def _discovery(self) -> Discovery:
+        kind, members = self.discovery_kind
+        if kind == "file":
+            return FileDiscovery(self.folder / "discovery")
+        self.etcd = etcd.Cluster(etcd.members(self.leases.take, members), self._spawn)
+        return EtcdDiscovery(self.etcd)
 
     def restart_nats(self) -> None:
         """Start nats-server again on the pool's port, with its store, after a case killed it:
@@ -208,7 +227,7 @@ class Pool:
         launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         name = f"worker-{next(self._serial)}-{role}"
         env = {**launch.env, **faults.worker_env(self.case.fault)}
-        if spare:
+        if spare and self.discovery.keeps_spares_unseen:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
         process = self._spawn(name, list(launch.argv), env, launch.niceness)
@@ -221,7 +240,7 @@ class Pool:
         if own is None or worker.name in self.mirrors or worker.process.exit_code() is not None:
             return
         with self._mirroring:
-            mirror = registrations.Mirror(own, self.store)
+            mirror = registrations.Mirror(own, self.discovery.store)
             mirror.sync()
             self.mirrors[worker.name] = (worker.process, mirror)
         if self._mirror_thread is None:
@@ -257,11 +276,16 @@ class Pool:
             waiting = []
             for worker in self.workers:
                 self._hand_over(worker)
-                ids = registrations.instance_ids(self.store, worker.ports["system"])
+                try:
+                    ids = self.discovery.instance_ids(worker.ports["system"])
+                except etcd.Unanswered as exc:  # unknown: not known to be registered
+                    ids, worker_seen = set(), str(exc)
+                else:
+                    worker_seen = "not registered"
                 if ids:
                     self.instance_ids[worker.name] = ids
                 else:
-                    waiting.append(f"{worker.name} not registered")
+                    waiting.append(f"{worker.name} {worker_seen}")
             if not waiting:  # one look at all of them, as the search for the holder does
                 try:
                     busy = self.backend.holders(self.workers)
@@ -328,7 +352,7 @@ class Pool:
             problems.append(self.mirror_failure)
         removed = []
         for worker in gone:
-            removed += registrations.remove(self.store, self.instance_ids.pop(worker.name, set()))
+            removed += self.discovery.remove(self.instance_ids.pop(worker.name, set()))
             self.replace(worker)
             spare = next((s for s in self.spares if s.role == worker.role), None)
             if spare is None:  # spent: no case will draw its workers again
@@ -340,7 +364,8 @@ class Pool:
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first live process that exited."""
         live = [w.process for w in self.workers + self.spares]
-        for process in ([self.nats] if self.nats else []) + live:
+        members = [m.process for m in self.etcd.members] if self.etcd else []
+        for process in ([self.nats] if self.nats else []) + members + live:
             code = process.exit_code()
             if code is not None:
                 raise StartupFailure(
@@ -367,6 +392,8 @@ class Pool:
         if self._mirror_thread is not None:
             self._mirror_thread.join()
         problems = stop_all(self.processes, self.leases)
+        if self.etcd is not None:  # once its members are gone
+            self.etcd.remove_data()
         if self.preloader is not None:  # once everything it forked is gone
             problems += self.preloader.stop(TEARDOWN_TIMEOUT_S)
         self._release_gpu()
@@ -443,10 +470,10 @@ class Pools:
                 self.problems += [f"pool {last.name}: {p}" for p in self.discard(last)]
         if self.current is None:
             name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
-            spares = backend.spare_workers(case)
+            spares = backend.spare_workers(case) if key.discovery[0] == "file" else 0
             planned = self.planned[key] if self.planned is not None else 0
             cases = min(planned, backend.distinct_prompts) if planned > 0 else None
-            pool = Pool(backend, case, roles, self.folder / name, spares, cases)
+            pool = Pool(backend, case, roles, self.folder / name, spares, cases, key.discovery)
             self.current = (key, pool)
         if self.planned is not None:
             self.planned[key] -= 1

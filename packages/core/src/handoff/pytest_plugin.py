@@ -96,6 +96,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "fresh_deployments of [tool.handoff], else warm worker pools)",
     )
     group.addoption(
+        "--handoff-discovery",
+        choices=("file", "etcd"),
+        help="where Dynamo's processes find each other: its file store, or etcd started by "
+        "handoff on loopback (default: discovery of [tool.handoff], else file)",
+    )
+    group.addoption(
         "--handoff-spare-workers",
         type=int,
         help="workers of the faulted role each pool keeps ready (default: spare_workers of "
@@ -259,6 +265,8 @@ def _reap(when: str) -> None:
         print(f"handoff: killed {line}, left running by a run that no longer exists ({when})")
     for line in firewall.reap_orphans():
         print(f"handoff: deleted {line}, left in place by a run that no longer exists ({when})")
+    for line in ownership.reap_folders():
+        print(f"handoff: removed {line}, left by a run that no longer exists ({when})")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -302,6 +310,7 @@ def chosen_backend(config: pytest.Config) -> Backend:
         "device": (config.getoption("handoff_device"), "--handoff-device"),
         "fresh_deployments": (config.getoption("handoff_fresh"), "--handoff-fresh"),
         "spare_workers": (config.getoption("handoff_spare_workers"), "--handoff-spare-workers"),
+        "discovery": (config.getoption("handoff_discovery"), "--handoff-discovery"),
     }
     # Looked up from where pytest started, not from its rootdir: pytest takes the rootdir from
     # any argument naming an existing folder, option values included (`--handoff-logs DIR`).
@@ -335,7 +344,8 @@ def case_params(config: pytest.Config) -> list:
 def selected_cases(config: pytest.Config, backend: Backend) -> list[Case]:
     """The cases the command line selects that this machine can run, before pytest-split
     takes a share of them."""
-    return [case for case in chosen_cases(config, backend) if not faults.missing_for(case.fault)]
+    chosen = str(backend.setting("discovery"))
+    return [c for c in chosen_cases(config, backend) if not faults.missing_for(c, chosen)]
 
 
 def chosen_cases(config: pytest.Config, backend: Backend) -> list[Case]:
@@ -349,12 +359,13 @@ def not_run_here(config: pytest.Config) -> list[str]:
     if not config.getoption("handoff_backend"):
         return []
     try:
-        cases = chosen_cases(config, chosen_backend(config))
+        backend = chosen_backend(config)
+        cases = chosen_cases(config, backend)
     except HandoffError:
         return []  # reported at collection, in one line
     missing: dict[str, list[Case]] = {}
     for case in cases:
-        if why := faults.missing_for(case.fault):
+        if why := faults.missing_for(case, str(backend.setting("discovery"))):
             missing.setdefault(f"{case.fault} cases not run: {why}", []).append(case)
     return [f"handoff: {len(held)} {line}" for line, held in missing.items()]
 

@@ -48,6 +48,11 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         bool,
         "start every case's workers anew, as Dynamo's own suite does, not from warm pools",
     ),
+    "discovery": (
+        str,
+        "where Dynamo's processes find each other: file (Dynamo's file store) or etcd (started "
+        "by handoff on loopback, as production runs it)",
+    ),
     "spare_workers": (
         int,
         "workers of the faulted role each pool keeps ready, unseen by frontends, so that the "
@@ -79,7 +84,10 @@ BUILT_IN = {
     "stream_timeout_s": 3,
     "fresh_deployments": False,
     "spare_workers": 1,
+    "discovery": "file",
 }
+#: The values a setting may take, where they are few.
+CHOICES = {"discovery": ("file", "etcd")}
 FILES = ("handoff.toml", "pyproject.toml")
 
 
@@ -191,6 +199,8 @@ def problem(key: str, value: object) -> str | None:
                 "its output tokens, e.g. { aggregate = 512 }"
             )
         return None
+    if key in CHOICES and value not in CHOICES[key]:
+        return f"must be one of {', '.join(CHOICES[key])}, not {value!r}: give one of them"
     rule = RANGES.get(key)
     if rule is None:
         return None

@@ -218,7 +218,7 @@ class MockerBackend(Backend):
     one_token_per_frame = True
     uses_settings = (
         "max_tokens", "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
-        "fresh_deployments", "spare_workers", "durations_file", "load_requests",
+        "fresh_deployments", "spare_workers", "discovery", "durations_file", "load_requests",
     )  # fmt: skip
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO, kv_record: bool = False) -> None:
@@ -314,7 +314,6 @@ class MockerBackend(Backend):
             sys.executable, "-m", "dynamo.mocker",
             "--model-path", str(model.path),
             "--model-name", model.name,
-            "--discovery-backend", "file",
             "--request-plane", case.plane,
             "--disaggregation-mode", {"aggregate": "agg"}.get(role, role),
             "--extra-engine-args", str(engine_args),

@@ -9,6 +9,10 @@ same one (same start time), or is gone while members of its group live on (child
 SIGKILLed parent keep its group, and Linux hands out no pid that a living group uses as its
 id), never by name. Records of a live owner (another run going on at the same time) are left
 alone.
+
+A data folder a service writes (etcd's) is owned the same way (`own_folder`): made under
+`folders/` of the records' folder with a record beside it, removed by `drop_folder`, and by
+`reap_folders` once its owner is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -83,6 +88,36 @@ def _same(pid: int, started: float | None) -> bool:
     """Is `pid` still the process that was recorded (not a new one reusing the pid)?"""
     now = _started(pid)
     return now is not None and started is not None and abs(now - started) < 0.01
+
+
+def _folders() -> Path:
+    folder = records_dir() / "folders"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def own_folder(name: str) -> Path:
+    """A new, empty folder owned by this process, `name` made unique by its pid."""
+    folder = _folders() / f"{name}-{os.getpid()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    write_owned(folder.with_name(folder.name + ".json"), folder=str(folder))
+    folder.mkdir()
+    return folder
+
+
+def drop_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.with_name(folder.name + ".json").unlink(missing_ok=True)
+
+
+def reap_folders() -> list[str]:
+    """Remove the data folders of runs that no longer exist (once their processes are gone)."""
+    reaped = []
+    for path in sorted(_folders().glob("*.json")):
+        if (entry := orphaned(path)) is not None:
+            drop_folder(Path(entry["folder"]))
+            reaped.append(f"data folder {entry['folder']} (owner pid {entry['owner']})")
+    return reaped
 
 
 def reap_orphans() -> list[str]:

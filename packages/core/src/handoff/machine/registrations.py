@@ -49,19 +49,25 @@ def _suffix(path: Path) -> str:
     return path.name.rsplit("%2F", 1)[-1]
 
 
-def instance_ids(store: Path, system_port: int) -> set[int]:
+def served_from(cards: list[dict], endpoints: set[str], system_port: int) -> set[int]:
     """The instance ids of the worker whose system server listens on `system_port`: those of
-    the model cards it registered whose endpoints are registered too (a vLLM worker writes its
-    card before its endpoints). Empty until then."""
-    served_from = f"//{LOOPBACK}:{system_port}/"
-    endpoints = {_suffix(p) for p in _entries(store, "instances")}
+    the model `cards` it registered whose endpoints are registered too (`endpoints`: the
+    instance hex each registered endpoint ends with; a vLLM worker writes its card before its
+    endpoints). Empty until then. Shared by every discovery backend (`discovery`)."""
+    served = f"//{LOOPBACK}:{system_port}/"
     return {
         card["instance_id"]
-        for path in _entries(store, "mdc")
-        if served_from in json.dumps(card := _read(path))
+        for card in cards
+        if served in json.dumps(card)
         and "instance_id" in card
         and f"{card['instance_id']:x}" in endpoints
     }
+
+
+def instance_ids(store: Path, system_port: int) -> set[int]:
+    """`served_from` the file store's cards and endpoints."""
+    endpoints = {_suffix(p) for p in _entries(store, "instances")}
+    return served_from([_read(p) for p in _entries(store, "mdc")], endpoints, system_port)
 
 
 def entries_of(store: Path, ids: set[int]) -> list[Path]:

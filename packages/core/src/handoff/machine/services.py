@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from handoff.backend import Model
@@ -27,17 +28,22 @@ LOOPBACK_ENV = {
 RUNTIME_THREADS = {"DYN_RUNTIME_MAX_BLOCKING_THREADS": "512"}
 
 
-def runtime_env(discovery_dir: Path, nats_port: int | None) -> dict[str, str]:
-    """The environment every process of one deployment shares.
+def runtime_env(discovery: Mapping[str, str], nats_port: int | None) -> dict[str, str]:
+    """The environment every process of one deployment shares, `discovery`'s included (which
+    store, handoff.machine.discovery: no process is told it on its command line).
 
-    Inherited DYN_* and NATS_SERVER variables are dropped: a case must not pick up a migration
-    limit or a discovery store from the shell that launched it. On the NATS plane events go
-    through NATS too. The runtime's blocking threads are not capped by the cores.
+    Inherited DYN_*, ETCD_* and NATS_SERVER variables are dropped: a case must not pick up a
+    migration limit or a discovery store from the shell that launched it. On the NATS plane
+    events go through NATS too. The runtime's blocking threads are not capped by the cores.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_") and k != "NATS_SERVER"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DYN_", "ETCD_")) and k != "NATS_SERVER"
+    }
     env.update(LOOPBACK_ENV)
     env.update(RUNTIME_THREADS)
-    env["DYN_FILE_KV"] = str(discovery_dir)
+    env.update(discovery)
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     if nats_port is not None:
@@ -69,8 +75,6 @@ def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -
         LOOPBACK,
         "--http-port",
         str(http_port),
-        "--discovery-backend",
-        "file",
         "--request-plane",
         plane,
         *(["--model-path", str(model.path)] if model.path is not None else []),

@@ -27,7 +27,6 @@ from handoff.backend import Shape, Worker
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment, silent
 from handoff.history import History
-from handoff.machine import registrations
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import stop_trees
 from handoff.responses import recovery, waits
@@ -92,7 +91,7 @@ class Joiner:
             self.seen = f"exited with code {code}"
             self._stop.set()
             return None
-        ids = registrations.instance_ids(self.deployment.pool.store, self.worker.ports["system"])
+        ids = self.deployment.pool.discovery.instance_ids(self.worker.ports["system"])
         if not ids:
             self.seen = "not registered yet"
             return None
@@ -205,8 +204,7 @@ class Joiner:
         self.deployment.joined.remove(self.worker)
         pool = self.deployment.pool
         problems = stop_trees([self.worker.process], list(self.worker.ports.values()))
-        ids = registrations.instance_ids(pool.store, self.worker.ports["system"])
-        registrations.remove(pool.store, ids)
+        pool.discovery.remove(pool.discovery.instance_ids(self.worker.ports["system"]))
         return problems
 
 

@@ -1,0 +1,89 @@
+"""Where a pool's Dynamo processes find each other: Dynamo's file store (a folder) or etcd,
+the discovery production runs. Each says what its processes' environment needs, which
+instance ids a worker registered, and how a dead worker's registrations are removed at once
+(a SIGKILLed worker's stay until its lease runs out, and every frontend lists it until then).
+
+The file store lets a spare wait unseen in a folder of its own (`registrations.Mirror`); etcd
+has no such room, so a pool on etcd keeps no spares: a faulted worker's successor starts once
+its case has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+from handoff.machine import etcd, registrations
+
+#: The registration kinds whose keys end with the instance hex.
+CARDS, ENDPOINTS = "v1/mdc/", "v1/instances/"
+
+
+class Discovery(Protocol):
+    kind: str
+    #: Whether a worker can register where no frontend sees it until it is handed over.
+    keeps_spares_unseen: bool
+
+    def env(self) -> dict[str, str]: ...
+
+    def instance_ids(self, system_port: int) -> set[int]:
+        """Empty until the worker on `system_port` has registered; `etcd.Unanswered` when the
+        store cannot be read."""
+
+    def remove(self, ids: set[int]) -> list[str]:
+        """Remove the registrations of instances `ids`; what was removed."""
+
+
+class FileDiscovery:
+    kind = "file"
+    keeps_spares_unseen = True
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        shutil.rmtree(store, ignore_errors=True)  # stale registrations would count as instances
+
+    def env(self) -> dict[str, str]:
+        return {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(self.store)}
+
+    def instance_ids(self, system_port: int) -> set[int]:
+        return registrations.instance_ids(self.store, system_port)
+
+    def remove(self, ids: set[int]) -> list[str]:
+        return registrations.remove(self.store, ids)
+
+    def __str__(self) -> str:
+        return str(self.store)
+
+
+class EtcdDiscovery:
+    """A pool's own etcd (`etcd.Cluster`), started by the pool."""
+
+    kind = "etcd"
+    keeps_spares_unseen = False
+
+    def __init__(self, cluster: etcd.Cluster) -> None:
+        self.cluster = cluster
+
+    def env(self) -> dict[str, str]:
+        return {"DYN_DISCOVERY_BACKEND": "etcd", **self.cluster.env()}
+
+    def instance_ids(self, system_port: int) -> set[int]:
+        cards = [_json(value) for value, _ in self.cluster.entries(CARDS).values()]
+        endpoints = {key.rsplit("/", 1)[-1] for key in self.cluster.entries(ENDPOINTS)}
+        return registrations.served_from(cards, endpoints, system_port)
+
+    def remove(self, ids: set[int]) -> list[str]:
+        """Revoke each instance's lease: its id (Dynamo 1.6.1), and every key it holds."""
+        return [f"lease {i:x}" for i in sorted(ids) if self.cluster.revoke(i)]
+
+    def __str__(self) -> str:
+        return f"etcd at {self.cluster.endpoints}"
+
+
+def _json(value: bytes) -> dict:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return {}

@@ -1,0 +1,205 @@
+"""etcd, Dynamo's production discovery, started by handoff on loopback for one pool: one member
+or three, each a process of the pool with its own ports and data folder, and read or written
+through etcd's v3 JSON gateway.
+
+Dynamo 1.6.1 on etcd (measured, docs/known-issues.md): a worker's instance id is its primary
+lease's id, so revoking that lease removes every key it wrote; each key is
+`v1/<kind>/<namespace>/<component>/<endpoint>/.../<instance hex>`, as in the file store; a
+process whose lease keep-alive fails shuts itself down once its lease has run out.
+
+A member's data folder is an owned folder (`ownership.own_folder`): removed when the member is
+stopped for good, and by the next run when the run that made it was killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from handoff.errors import HandoffError
+from handoff.machine import ownership
+from handoff.machine.processes import ManagedProcess
+from handoff.machine.services import LOOPBACK
+from handoff.polling import Deadline, poll_until
+
+#: Dynamo's primary lease, in seconds (its ETCD_LEASE_TTL; Dynamo's default is 30): the file
+#: store's lease, so that a case's bounds hold on either discovery.
+LEASE_TTL_S = 10
+#: How long one gateway call may take before its answer counts as none.
+CALL_TIMEOUT_S = 2.0
+READY_TIMEOUT_S = 30.0
+FIX = "apt-get install etcd-server (as root), or run on --handoff-discovery file"
+
+
+def missing() -> str | None:
+    """Why etcd cannot run here, in one line that says the fix; None when it can."""
+    return None if shutil.which("etcd") else f"etcd is not installed: {FIX}"
+
+
+def find_etcd() -> str:
+    found = shutil.which("etcd")
+    if found is None:
+        raise HandoffError(f"etcd is not on PATH: {FIX}")
+    return found
+
+
+class Unanswered(Exception):
+    """The gateway did not answer: what it holds is unknown, never empty."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with `prefix` (etcd's range_end)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    process: ManagedProcess | None = None
+    data: Path | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.peer_port}"
+
+
+class Cluster:
+    """The members of one pool's etcd; `spawn` starts a named process the pool owns."""
+
+    def __init__(
+        self, members: list[Member], spawn: Callable[[str, list[str]], ManagedProcess]
+    ) -> None:
+        self.members = members
+        self._spawn = spawn
+
+    @property
+    def endpoints(self) -> str:
+        """ETCD_ENDPOINTS: every member's client URL."""
+        return ",".join(m.client_url for m in self.members)
+
+    def env(self) -> dict[str, str]:
+        return {"ETCD_ENDPOINTS": self.endpoints, "ETCD_LEASE_TTL": str(LEASE_TTL_S)}
+
+    def start(self) -> None:
+        for member in self.members:
+            self.start_member(member, state="new")
+
+    def start_member(self, member: Member, state: str = "existing") -> None:
+        """Start `member` on its ports and data folder: anew, or again after it was killed
+        (`state` "existing": it rejoins the cluster it was in with what its folder holds)."""
+        if member.data is None:
+            member.data = ownership.own_folder(f"etcd-{member.client_port}")
+        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        argv = [
+            find_etcd(),
+            "--name", member.name,
+            "--data-dir", str(member.data),
+            "--listen-client-urls", member.client_url,
+            "--advertise-client-urls", member.client_url,
+            "--listen-peer-urls", member.peer_url,
+            "--initial-advertise-peer-urls", member.peer_url,
+            "--initial-cluster", cluster,
+            "--initial-cluster-state", state,
+        ]  # fmt: skip
+        member.process = self._spawn(member.name, argv)
+
+    def wait_ready(self, deadline: Deadline) -> None:
+        """Until every live member says it is healthy (it has a leader)."""
+
+        def probe() -> tuple[bool | None, str]:
+            sick = [m.name for m in self.members if self.alive(m) and not _healthy(m)]
+            return (None if sick else True), f"not healthy yet: {', '.join(sick)}"
+
+        poll_until(probe, deadline.within(READY_TIMEOUT_S), "etcd to have a leader")
+
+    def alive(self, member: Member) -> bool:
+        return member.process is not None and member.process.exit_code() is None
+
+    def leader(self) -> Member:
+        """The member that leads, as the live members report it."""
+        ids = {
+            self.call(m, "/v3/maintenance/status", {})["header"]["member_id"]: m
+            for m in self.members
+            if self.alive(m)
+        }
+        leader = self.call(None, "/v3/maintenance/status", {}).get("leader")
+        if leader not in ids:
+            raise Unanswered(f"the etcd leader {leader} is none of the live members")
+        return ids[leader]
+
+    def call(self, member: Member | None, path: str, body: dict) -> dict:
+        """One gateway call to `member` (default: the first live one); Unanswered when none
+        answers."""
+        targets = [member] if member else [m for m in self.members if self.alive(m)]
+        for target in targets:
+            try:
+                answer = requests.post(target.client_url + path, json=body, timeout=CALL_TIMEOUT_S)
+                answer.raise_for_status()
+                return answer.json()
+            except (requests.RequestException, ValueError):
+                continue
+        raise Unanswered(f"no etcd member answered {path}")
+
+    def entries(self, prefix: str) -> dict[str, tuple[bytes, int]]:
+        """Every key under `prefix`: its value and the lease it is attached to (0: none)."""
+        asked = {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+        found = self.call(None, "/v3/kv/range", asked)
+        return {
+            base64.b64decode(kv["key"]).decode(): (
+                base64.b64decode(kv.get("value", "")),
+                int(kv.get("lease", 0)),
+            )
+            for kv in found.get("kvs", [])
+        }
+
+    def revoke(self, lease: int) -> bool:
+        """Revoke `lease` and with it every key attached to it; False when it had ended."""
+        try:
+            self.call(None, "/v3/lease/revoke", {"ID": lease})
+        except Unanswered:
+            if self.time_to_live(lease) is None:
+                return False
+            raise
+        return True
+
+    def time_to_live(self, lease: int) -> int | None:
+        """The seconds `lease` has left; None once it has ended."""
+        ttl = int(self.call(None, "/v3/lease/timetolive", {"ID": lease}).get("TTL", -1))
+        return None if ttl < 0 else ttl
+
+    def remove_data(self) -> None:
+        """Remove every member's data folder: once every member is gone for good."""
+        for member in self.members:
+            if member.data is not None:
+                ownership.drop_folder(member.data)
+                member.data = None
+
+
+def _healthy(member: Member) -> bool:
+    try:
+        answer = requests.get(member.client_url + "/health", timeout=CALL_TIMEOUT_S)
+        return answer.ok and answer.json().get("health") == "true"
+    except (requests.RequestException, ValueError):
+        return False
+
+
+def members(take_port: Callable[[], int], count: int) -> list[Member]:
+    """`count` members, each on two ports taken from `take_port`."""
+    return [Member(f"etcd-{i}", take_port(), take_port()) for i in range(1, count + 1)]
