@@ -106,9 +106,14 @@ class IsolatedRuns:
             if path.is_file() and any(p.endswith("discovery") for p in path.relative_to(runs).parts)
         ]
 
+    def data_folders(self) -> list[Path]:
+        """The data folders the run's services own (etcd's, `ownership.own_folder`)."""
+        return sorted(p for p in (self.folders["records"] / "folders").glob("*") if p.is_dir())
+
     def assert_clean(self, started: dict[int, float]) -> None:
         assert not [p for p, t in started.items() if alive(p, t)], "processes left running"
         assert self.recorded() == {}
+        assert list((self.folders["records"] / "folders").glob("*")) == []  # nor their records
         leases = list(self.folders["leases"].glob("*.lock"))
         assert leases, "the run leased no port"
         for lock in leases:
@@ -158,7 +163,9 @@ class IsolatedRuns:
         lines = after.stdout.splitlines()
         killed = [line for line in lines if line.startswith("handoff: killed ")]
         assert killed, after.stdout[-2000:]
-        killed += [line for line in lines if line.startswith("handoff: deleted ")]
+        killed += [
+            line for line in lines if line.startswith(("handoff: deleted ", "handoff: removed "))
+        ]
         poll_until(
             lambda: (
                 (True, None)
@@ -176,6 +183,7 @@ class IsolatedRuns:
         assert run.returncode == 0, out[-3000:]
         assert "left running by a run that no longer exists" not in out
         assert "1 passed" in out
+        assert self.data_folders() == []
 
 
 def alive(pid: int, started: float) -> bool:

@@ -1,7 +1,7 @@
 """Ctrl-C, SIGTERM and SIGKILL to a pytest run in the middle of a case (as its frontend starts,
 while its stream is open, while the graceful bound runs after the SIGTERM): afterwards nothing
-that handoff started is alive, every leased port is free, no discovery entry is left, and the
-next run starts clean."""
+that handoff started is alive (etcd's members included), every leased port is free, no
+discovery entry and no etcd data folder is left, and the next run starts clean."""
 
 import json
 import signal
@@ -12,16 +12,17 @@ from interrupted_runs import IsolatedRuns
 CASE = "aggregate/migration_enabled-graceful_shutdown-completion-unary-tcp"
 
 
-@pytest.fixture
-def runs(tmp_path) -> IsolatedRuns:
-    return IsolatedRuns(tmp_path, CASE, ["--handoff-backend", "mocker"], timeout_s=60)
+@pytest.fixture(params=["file", "etcd"])
+def runs(tmp_path, request) -> IsolatedRuns:
+    backend = ["--handoff-backend", "mocker", "--handoff-discovery", request.param]
+    return IsolatedRuns(tmp_path, CASE, backend, timeout_s=60)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_tears_its_case_down(runs, sig):
     run = runs.start()
     started = runs.wait_for_deployment()
-    registered = runs.discovery_entries()
+    registered = runs.discovery_entries() or runs.data_folders()
     run.send_signal(sig)
     out, _ = run.communicate(timeout=60)
     assert run.returncode != 0, out[-4000:]
@@ -77,7 +78,9 @@ def test_ctrl_c_mid_case_tears_it_down(tmp_path, log, words, phases):
 def test_a_killed_run_is_cleaned_up_by_the_next_one(runs):
     run = runs.start()
     started = runs.wait_for_deployment()
+    folders = runs.data_folders()
     reaped = runs.kill_and_reap(run, started)
-    assert len(reaped) == len(started)  # every process killed, no table to delete
+    # Every process killed, and every data folder removed; no table to delete.
+    assert len(reaped) == len(started) + len(folders)
     runs.assert_clean(started)
     runs.next_run_is_clean()
