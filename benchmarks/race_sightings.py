@@ -1,6 +1,6 @@
 """Run a race case (cases.Topology.race) alone several times in a row and print, for
 each run, the trial at which the race first showed and the verdict: the figures behind
-single.RACE_TRIALS. Each run is a fresh pytest process with its own deployment; no retries.
+RACE_TRIALS["worker_stall"]. Each run is a fresh pytest process with its own deployment; no retries.
 
     python benchmarks/race_sightings.py --runs 20 [--backend vllm] [--device cpu]
         [--case decode_race/worker_stall-chat-tcp]
@@ -19,7 +19,9 @@ from pathlib import Path
 
 from selection_run import run_selection
 
-from handoff.responses.single import RACE_TRIALS
+from handoff.policies import RACE_TRIALS as TRIALS
+
+RACE_TRIALS = TRIALS["worker_stall"]
 
 SIGHTED = re.compile(r"trial (\d+) of (\d+) failed")
 

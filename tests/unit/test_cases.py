@@ -110,6 +110,15 @@ PUBLISHED_PRE_MERGE = {
         "max_seq_len_exceeded-chat-stream-tcp",
         "max_seq_len_not_exceeded-completion-unary-nats",
     ],
+    "discovery": [
+        "lease_expiry-chat-stream-tcp",
+        "lease_revoked-completion-stream-nats",
+        "etcd_partition-chat-unary-tcp",
+        "etcd_member_loss-completion-unary-tcp",
+        "etcd_restart-chat-stream-nats",
+        "etcd_loss-completion-stream-tcp",
+        "stall_past_lease-chat-stream-tcp",
+    ],
 }
 
 

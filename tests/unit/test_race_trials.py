@@ -7,7 +7,7 @@ from test_known_defects import RACED
 
 from handoff.cases import Case
 from handoff.history import History
-from handoff.policies import KNOWN_RACES
+from handoff.policies import KNOWN_RACES, RACE_TRIALS
 from handoff.responses import single
 from handoff.responses.waits import CaseRun
 from handoff.verdict import Verdict
@@ -47,7 +47,7 @@ def test_another_failure_at_a_trial_is_a_plain_failure(monkeypatch):
 
 def test_every_trial_passed_says_the_fix_has_arrived(monkeypatch):
     verdict, variants = trials(monkeypatch, [])
-    assert len(variants) == single.RACE_TRIALS
+    assert len(variants) == RACE_TRIALS["worker_stall"]
     assert not verdict.passed and "the fix has arrived" in verdict.reasons[0]
 
 
@@ -58,10 +58,10 @@ def test_the_cut_off_workers_race_is_one_trial_its_premise_decides(monkeypatch):
     assert "1 trial(s) passed" in verdict.notes and "the fix has arrived" in verdict.reasons[0]
 
 
-@pytest.mark.parametrize("at", [1, single.RACE_TRIALS])
+@pytest.mark.parametrize("at", [1, RACE_TRIALS["worker_stall"]])
 def test_a_trial_not_proven_goes_on_and_leaves_the_case_not_proven(monkeypatch, at):
     given = [Verdict(True)] * (at - 1) + [Verdict(False, unproven=["the boundary is unknown"])]
     verdict, variants = trials(monkeypatch, given)
-    assert len(variants) == single.RACE_TRIALS
+    assert len(variants) == RACE_TRIALS["worker_stall"]
     assert verdict.outcome == "not proven" and verdict.reasons == []
     assert verdict.unproven == [f"trial {at}: the boundary is unknown"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from handoff.client import Annotations, Guide, Sampling
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sums
+from handoff.policies import race_trials
 from handoff.responses.sequences import Origin
 from handoff.settings import BUILT_IN, Configuration, Setting
 
@@ -251,9 +252,11 @@ class Backend(ABC):
         the case's own folder."""
 
     def markers(self, case: Case) -> dict[str, float]:
-        """pytest markers of `case` as name -> value: at least TIMEOUT_MARKER; GPU engines add
+        """pytest markers of `case` as name -> value: at least TIMEOUT_MARKER (the case's
+        timeout for each trial of a race: `policies.race_trials`); GPU engines add
         `profiled_vram_gib` and their KV cap (e.g. `requested_vllm_kv_cache_bytes`)."""
-        return {TIMEOUT_MARKER: float(self.setting("case_timeout_s"))}
+        timeout = float(self.setting("case_timeout_s")) * race_trials(case)
+        return {TIMEOUT_MARKER: timeout}
 
     def in_flight(self, workers: Sequence[Worker]) -> dict[str, float]:
         """The requests each worker reports in flight right now (queued ones included), by

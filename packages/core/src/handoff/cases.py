@@ -41,6 +41,7 @@ POLICIES = (
 #: engine_failure: SIGKILL of the engine's core process alone (vLLM's `VLLM::EngineCore`, a
 #: child of the worker), the worker process that registered with the frontend left running.
 #: client_close, close_after_move, close_in_stall: the client leaves (`ABANDONS`).
+#: lease_expiry ... etcd_loss: the discovery plane's faults, on etcd (`DISCOVERY`).
 FAULTS = (
     "worker_failure",
     "graceful_shutdown",
@@ -51,6 +52,12 @@ FAULTS = (
     "broker_loss",
     "stall_past_lease",
     "engine_failure",
+    "lease_expiry",
+    "lease_revoked",
+    "etcd_partition",
+    "etcd_member_loss",
+    "etcd_restart",
+    "etcd_loss",
     "client_close",
     "close_after_move",
     "close_in_stall",
@@ -64,8 +71,23 @@ ABANDONS = {
     "close_after_move": "worker_failure",
     "close_in_stall": "worker_stall",
 }
-#: What befalls a worker or the broker while its client waits: every fault but a client's.
-WORKER_FAULTS = tuple(f for f in FAULTS if f not in ABANDONS)
+#: The faults of the discovery plane, on etcd, with the request in flight on the holder:
+#: lease_expiry: SIGKILL of the holder, whose lease must then run out by itself (no entry is
+#: removed for it); lease_revoked: the holder's lease revoked; etcd_partition: the holder cut
+#: off from etcd (nftables), healed once the frontend no longer lists it; etcd_member_loss:
+#: SIGKILL of the leader of three members; etcd_restart: SIGKILL of etcd, started again on its
+#: data within the leases; etcd_loss: SIGKILL of etcd for good.
+DISCOVERY = (
+    "lease_expiry",
+    "lease_revoked",
+    "etcd_partition",
+    "etcd_member_loss",
+    "etcd_restart",
+    "etcd_loss",
+)
+#: What befalls a worker or the broker while its client waits: every fault but a client's and
+#: the discovery plane's.
+WORKER_FAULTS = tuple(f for f in FAULTS if f not in ABANDONS and f not in DISCOVERY)
 #: The faults of an engine that runs apart from its worker process (`Backend.engine_core`).
 ENGINE = ("engine_failure",)
 #: The stall that lasts until the frontend no longer lists the stopped worker.
@@ -518,6 +540,39 @@ ENGINE_CORE = Topology(
     pre_merge_promise=Promise(pairs_over=("api", "plane"), each_value_of=("policy", "response")),
 )
 
+#: The discovery plane's faults (`DISCOVERY`) and a stall past the lease, on etcd whatever
+#: discovery the run chose (`faults.discovery`).
+DISCOVERY_PLANE = Topology(
+    name="discovery",
+    target_role="aggregate",
+    fault_window="decoding",
+    restrictions=(
+        Restriction(
+            "fault",
+            (*DISCOVERY, PAST_LEASE),
+            "these cases qualify the discovery plane on etcd; the other topologies qualify "
+            "the faults of workers, engines, clients and the broker",
+        ),
+        Restriction(
+            "policy",
+            ("migration_enabled",),
+            "what the discovery plane does to a request does not depend on the policy, and a "
+            "kill's policies are qualified by worker_failure: the id leaves the policy out",
+        ),
+    ),
+    omitted_from_id=("policy",),
+    pre_merge_ids=(
+        "lease_expiry-chat-stream-tcp",
+        "lease_revoked-completion-stream-nats",
+        "etcd_partition-chat-unary-tcp",
+        "etcd_member_loss-completion-unary-tcp",
+        "etcd_restart-chat-stream-nats",
+        "etcd_loss-completion-stream-tcp",
+        "stall_past_lease-chat-stream-tcp",
+    ),
+    pre_merge_promise=Promise(each_value_of=("fault", "api", "response", "plane")),
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -679,6 +734,7 @@ TOPOLOGIES: dict[str, Topology] = {
         ROLLING,
         DECODE_RACE,
         ENGINE_CORE,
+        DISCOVERY_PLANE,
     )
 }
 

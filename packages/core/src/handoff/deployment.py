@@ -149,7 +149,7 @@ class Deployment:
         self.frontend = ManagedProcess(
             name,
             command,
-            {**self.pool.env, **env},
+            {**self.pool.env, **self.pool.frontend_env(), **env},
             self.folder / f"{name}.log",
             preloader=self.pool.preloader,
         )

@@ -13,10 +13,11 @@ from typing import Protocol
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, ENGINE, STALLS, Case
+from handoff.cases import BROKER, DISCOVERY_PLANE, ENGINE, STALLS, Case
 from handoff.client import InFlight
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import etcd, firewall
+from handoff.machine.discovery import FILE, Layout
 from handoff.machine.processes import ManagedProcess
 from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
@@ -33,6 +34,12 @@ FIRST_SIGNAL = {
     "broker_loss": "SIGKILL",
     "stall_past_lease": "SIGSTOP",
     "engine_failure": "SIGKILL",
+    "lease_expiry": "SIGKILL",
+    "lease_revoked": "lease revoke",
+    "etcd_partition": "nftables drop",
+    "etcd_member_loss": "SIGKILL",
+    "etcd_restart": "SIGKILL",
+    "etcd_loss": "SIGKILL",
 }
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
@@ -381,10 +388,17 @@ def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:
     poll_until(probe, deadline, f"the partition of {holder.name} to drop a packet")
 
 
-def discovery(case: Case, chosen: str) -> tuple[str, int]:
-    """Where `case`'s workers register, and in how many etcd members: the `chosen` discovery
-    (file, or etcd with one member)."""
-    return (chosen, 0 if chosen == "file" else 1)
+def discovery(case: Case, chosen: str) -> Layout:
+    """Where `case`'s workers register: the `chosen` discovery (the file store, or etcd of one
+    member), but always etcd for the discovery plane's cases: three members to lose one of,
+    and three pinned to a process each to cut one worker off."""
+    if case.topology != DISCOVERY_PLANE.name:
+        return FILE if chosen == "file" else Layout("etcd", 1)
+    if case.fault == "etcd_member_loss":
+        return Layout("etcd", 3)
+    if case.fault == "etcd_partition":
+        return Layout("etcd", 3, pinned=True)
+    return Layout("etcd", 1)
 
 
 def missing_for(case: Case, chosen: str) -> str | None:
@@ -392,7 +406,7 @@ def missing_for(case: Case, chosen: str) -> str | None:
     needs nftables, or its workers etcd."""
     if case.fault == "partition" and (why := firewall.missing()):
         return why
-    return etcd.missing() if discovery(case, chosen)[0] == "etcd" else None
+    return etcd.missing() if discovery(case, chosen).kind == "etcd" else None
 
 
 def worker_env(fault: str) -> dict[str, str]:

@@ -82,6 +82,11 @@ FIRST_ON_CPUS = (
     "qualified on the mocker and on vLLM's CPU engine so far: on a GPU, this engine's guided "
     "decoding and its cancellation are not measured yet"
 )
+#: Why no engine but the mocker runs the discovery plane's cases.
+DISCOVERY_ON_THE_MOCKER = (
+    "the discovery plane is Dynamo's runtime's, the same whatever the engine: qualified on the "
+    "mocker"
+)
 #: The topologies no GPU engine runs yet, each with why.
 NOT_BUILT_ON_GPUS = {
     "load": LOAD_NOT_BUILT,
@@ -99,6 +104,7 @@ NOT_BUILT_ON_GPUS = {
     "decode_race": FIRST_ON_CPUS,
     "engine_core": "qualified on vLLM's CPU engine so far: an engine core killed under its "
     "worker on a GPU is not measured yet",
+    "discovery": DISCOVERY_ON_THE_MOCKER,
 }
 
 #: One token each for Qwen3 (the first word has no leading space; the others do).

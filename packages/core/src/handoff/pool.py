@@ -43,7 +43,7 @@ from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import etcd, registrations, services
-from handoff.machine.discovery import Discovery, EtcdDiscovery, FileDiscovery
+from handoff.machine.discovery import FILE, Discovery, EtcdDiscovery, FileDiscovery, Layout
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.preload import Preloader
 from handoff.machine.processes import ManagedProcess
@@ -68,8 +68,8 @@ class PoolKey:
     roles: tuple[str, ...]
     plane: str
     variant: tuple
-    #: The discovery the workers register in, and how many etcd members it has (file: 0).
-    discovery: tuple[str, int] = ("file", 0)
+    #: Where the workers register.
+    discovery: Layout = FILE
 
     @classmethod
     def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
@@ -82,9 +82,7 @@ class PoolKey:
         """A readable name: backend, roles, plane, the variant and a discovery other than the
         file store, e.g. for xdist groups."""
         variant = "-".join(str(v) for v in self.variant)
-        kind, members = self.discovery
-        on = "" if kind == "file" else f"{kind}{members}"
-        parts = [self.backend, "+".join(self.roles), self.plane, variant, on]
+        parts = [self.backend, "+".join(self.roles), self.plane, variant, self.discovery.label]
         return "-".join(filter(None, parts))
 
 
@@ -99,7 +97,7 @@ class Pool:
         folder: Path,
         spares: int = 0,
         cases: int | None = None,
-        discovery: tuple[str, int] = ("file", 0),
+        discovery: Layout = FILE,
     ):
         self.backend = backend
         #: The case whose launch every worker of the pool gets: its key's first.
@@ -143,10 +141,12 @@ class Pool:
         self.gpu: vram_ledger.Hold | None = None
         #: Whether the wall clock, which the workers' discovery leases run on, held.
         self.clock = WallClock()
-        #: The discovery's kind and etcd members; what the workers register in, once started.
-        self.discovery_kind = discovery
+        #: Where the workers register: its layout, and the store itself once started.
+        self.layout = discovery
         self.discovery: Discovery | None = None
         self.etcd: etcd.Cluster | None = None
+        #: Worker name -> the etcd member it was given, in a pinned layout.
+        self.pinned: dict[str, etcd.Member] = {}
 
     @property
     def name(self) -> str:
@@ -188,10 +188,9 @@ class Pool:
             self.spares = [self._start_worker(target, spare=True) for _ in range(wanted)]
 
     def _discovery(self) -> Discovery:
-        kind, members = self.discovery_kind
-        if kind == "file":
+        if self.layout.kind == "file":
             return FileDiscovery(self.folder / "discovery")
-        self.etcd = etcd.Cluster(etcd.members(self.leases.take, members), self._spawn)
+        self.etcd = etcd.Cluster(etcd.members(self.leases.take, self.layout.members), self._spawn)
         return EtcdDiscovery(self.etcd)
 
     def restart_nats(self) -> None:
@@ -208,6 +207,12 @@ class Pool:
         if self.cases is None:
             return self.spare_count
         return min(self.spare_count, max(self.cases - self.draws - 1, 0))
+
+    @property
+    def usable(self) -> bool:
+        """Whether later cases may draw from the pool: not once a member of its etcd is gone
+        for good (`etcd_loss`: its workers end themselves)."""
+        return self.etcd is None or all(self.etcd.alive(m) for m in self.etcd.members)
 
     @property
     def spent(self) -> bool:
@@ -230,8 +235,31 @@ class Pool:
         if spare and self.discovery.keeps_spares_unseen:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
+        if self.layout.pinned:
+            env["ETCD_ENDPOINTS"] = self._pin(name).client_url
         process = self._spawn(name, list(launch.argv), env, launch.niceness)
         return Worker(name, role, process, ports, self.backend.engine_core)
+
+    def _pin(self, name: str) -> etcd.Member:
+        """The member worker `name` is given (`Layout.pinned`): one no live worker has, of all
+        but the last (the frontend's)."""
+        assert self.etcd is not None
+        live = {p.name for p in self.processes if p.exit_code() is None}
+        taken = {m.name for worker, m in self.pinned.items() if worker in live}
+        free = [m for m in self.etcd.members[:-1] if m.name not in taken]
+        if not free:
+            raise HandoffError(
+                f"no etcd member is free for {name}: every one but the last is taken"
+            )
+        self.pinned[name] = free[0]
+        return free[0]
+
+    def frontend_env(self) -> dict[str, str]:
+        """What a frontend's environment has beyond the pool's: its own member when pinned."""
+        if not self.layout.pinned:
+            return {}
+        assert self.etcd is not None
+        return {"ETCD_ENDPOINTS": self.etcd.members[-1].client_url}
 
     def _hand_over(self, worker: Worker) -> None:
         """Mirror a spare's folder into the pool's from now until it exits: synced at once,
@@ -350,6 +378,8 @@ class Pool:
         problems = stop_trees([w.process for w in gone], ports)
         if self.mirror_failure:
             problems.append(self.mirror_failure)
+        if not self.usable:  # discarded before another case: no successor, nothing to remove
+            return [], problems
         removed = []
         for worker in gone:
             removed += self.discovery.remove(self.instance_ids.pop(worker.name, set()))
@@ -466,11 +496,16 @@ class Pools:
         key = PoolKey.of(backend, case, roles)
         if self.current is not None:
             last_key, last = self.current
-            if last_key != key or last.draws >= backend.distinct_prompts or last.spent:
+            if (
+                last_key != key
+                or last.draws >= backend.distinct_prompts
+                or last.spent
+                or not last.usable
+            ):
                 self.problems += [f"pool {last.name}: {p}" for p in self.discard(last)]
         if self.current is None:
             name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
-            spares = backend.spare_workers(case) if key.discovery[0] == "file" else 0
+            spares = backend.spare_workers(case) if key.discovery.kind == "file" else 0
             planned = self.planned[key] if self.planned is not None else 0
             cases = min(planned, backend.distinct_prompts) if planned > 0 else None
             pool = Pool(backend, case, roles, self.folder / name, spares, cases, key.discovery)

@@ -18,10 +18,7 @@ from handoff.history import History
 from handoff.machine import start_gate
 from handoff.machine.interrupts import interruptible
 from handoff.machine.wallclock import step_reason
-from handoff.policies import (
-    Policy,
-    policy,
-)
+from handoff.policies import KNOWN_RACES, Policy, policy
 from handoff.polling import Deadline
 from handoff.pool import Pool, Pools
 from handoff.responses import abandon, load, rolling, single
@@ -156,7 +153,7 @@ def deploy_and_exercise(
         else abandon.exercise_abandon
         if case.fault in ABANDONS
         else single.exercise_race
-        if topology(case.topology).race
+        if (case.topology, case.fault) in KNOWN_RACES
         else single.exercise_one
     )
     return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))

@@ -112,6 +112,8 @@ SLOW_PREFILL = 0.05
 ONE_REQUEST_SLOW_PREFILL = {
     fault: replace(timing, prefill_ratio=SLOW_PREFILL) for fault, timing in ONE_REQUEST.items()
 }
+#: The discovery plane's faults timed as the aggregate's fault they are.
+LIKE = {"lease_expiry": "worker_failure", "stall_past_lease": "stall_past_lease"}
 TIMINGS = {
     **{
         (name, fault): ONE_REQUEST_SLOW_PREFILL[fault]
@@ -138,6 +140,13 @@ TIMINGS = {
     ("kv_transfer", "graceful_shutdown"): Timing(823, 192, 0.001, decode_speedup=0.3),
     ("prefill", "worker_failure"): Timing(823, 64, transfer_gbps=0.00042),
     ("prefill", "graceful_shutdown"): Timing(823, 64, transfer_gbps=0.00013),
+    # The discovery plane's: a kill's and a stall's as in the aggregate; a fault of etcd or of
+    # a lease as a drain's, long enough to be made while the response is in flight (a leader
+    # asked for and killed, etcd started again), and to end well inside the lease.
+    **{
+        ("discovery", fault): ONE_REQUEST_SLOW_PREFILL[LIKE.get(fault, "graceful_shutdown")]
+        for fault in topology("discovery").allowed()["fault"]
+    },
 }
 
 
@@ -179,6 +188,7 @@ class MockerBackend(Backend):
         "decode_load": ("prefill", "decode", "decode", "decode"),
         "join": ("aggregate", "aggregate", "aggregate"),
         "rolling": ("aggregate", "aggregate", "aggregate"),
+        "discovery": ("aggregate", "aggregate"),
     }
     unsupported: ClassVar[dict[str, str]] = {
         "decode_race": "the mocker's workers take the frontend's cancellation the moment they "

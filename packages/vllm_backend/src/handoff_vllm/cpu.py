@@ -37,6 +37,7 @@ from pathlib import Path
 
 from handoff.cases import SAMPLINGS
 from handoff.client import Guide
+from handoff.gpu_backend import DISCOVERY_ON_THE_MOCKER
 from handoff.machine.services import LOOPBACK
 
 BLOCK_TOKENS = 32
@@ -145,6 +146,7 @@ NOT_RUN = {
     "choices": "its workers decode one sequence at a time (--max-num-seqs 1), so the worker "
     "refuses a request for two choices before the frontend's refusal to move it could show: "
     "qualified on the mocker",
+    "discovery": DISCOVERY_ON_THE_MOCKER,
 }
 #: The guide of a guided case: the word `GUIDE_OPENING` first, which the model never gives by
 #: itself (its outputs are t100 and above), then only the model's own words. A worker that took

@@ -12,11 +12,31 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from handoff.machine import etcd, registrations
 
+
+@dataclass(frozen=True)
+class Layout:
+    """Which discovery a pool's processes register in: the file store, or etcd of `members`
+    members; `pinned`: each Dynamo process is given one member of its own (the frontend the
+    last), so that a worker cut off from its member is cut off from etcd, and nothing else is."""
+
+    kind: str = "file"
+    members: int = 0
+    pinned: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.kind == "file":
+            return ""
+        return f"{self.kind}{self.members}{'-pinned' if self.pinned else ''}"
+
+
+FILE = Layout()
 #: The registration kinds whose keys end with the instance hex.
 CARDS, ENDPOINTS = "v1/mdc/", "v1/instances/"
 

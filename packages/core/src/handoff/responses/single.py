@@ -10,15 +10,15 @@ from dataclasses import dataclass, replace
 
 from handoff import faults, metrics
 from handoff.backend import Backend, Shape, Worker
-from handoff.cases import PAST_LEASE, SILENT, STOPS, Case, topology
+from handoff.cases import DISCOVERY, PAST_LEASE, SILENT, STOPS, Case, topology
 from handoff.client import DEFAULT_SAMPLING, InFlight, Request, Sampling
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.machine.pace import Pace, paced, response_bound_s
-from handoff.policies import expected_outcome, known_defect
+from handoff.policies import expected_outcome, known_defect, race_trials
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import evidence, recovery, stops
+from handoff.responses import discovery_plane, evidence, recovery, stops
 from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,
@@ -70,18 +70,6 @@ class Sent:
     evidence: tuple[str, ...] = ()
 
 
-#: The trials of a race case. Dynamo 1.6.1's race showed in 19 of 74 trials on vLLM's CPU engine
-#: over 20 runs (first at trial 1 to 11: benchmarks/RESULTS.md): at 0.26 a trial, 24 trials all
-#: miss it with a probability of 0.74^24, about 0.08%.
-RACE_TRIALS = 24
-
-
-def race_trials(case: Case) -> int:
-    """`RACE_TRIALS` for the stall's race, which a few milliseconds decide; one for the cut-off
-    worker's, which its premise decides (`race_premise`)."""
-    return 1 if case.fault == "partition" else RACE_TRIALS
-
-
 #: How many times the HTTP layer's window the request a cut-off worker lost must outlast for
 #: the race to show (`race_premise`).
 RACE_REST_OVER_WINDOW = 1.5
@@ -96,7 +84,7 @@ def exercise_one(run: CaseRun) -> Verdict:
 def exercise_race(run: CaseRun) -> Verdict:
     """The lifecycle again and again on one deployment, each trial a request of its own prompt,
     until one fails (the race showed, judged against its known defect) or all of
-    `race_trials` pass (it did not: the strict expectation of the defect fails the case). A
+    `policies.race_trials` pass (it did not: the strict expectation of the defect fails the case). A
     trial not proven proves no absence of the race: with no trial failed, the case is then not
     proven."""
     unproven: list[str] = []
@@ -123,9 +111,7 @@ def judged_once(run: CaseRun) -> Verdict:
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
     sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
-    fault = recovery.send_fault(
-        case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
-    )
+    fault = send_fault(run, sent)
     # An engine's death is the fault, not its worker's exit, which the user waited for too.
     faulted_at = fault.engine_killed_at or time.monotonic()
     recovery.record_fault(deployment, sent.holder, fault, history)
@@ -146,14 +132,32 @@ def judged_once(run: CaseRun) -> Verdict:
         raise CaseFailure(f"hung: the response was still open {why}: {reading}") from None
     record_response(sent.inflight, history)
     found = judged(deployment, case, planned, sent, before, fault, deadline, history)
-    found.reasons += recovery.aftermath(
-        deployment, case, sent.holder, heal, planned.request, planned.shape,
-        case.fault == PAST_LEASE,
-        faulted_at, deadline, history,
-    )  # fmt: skip
+    if case.fault in DISCOVERY:
+        found.reasons += discovery_plane.aftermath(
+            deployment, case, sent.holder, fault, planned.request, planned.shape, faulted_at,
+            deadline, history,
+        )  # fmt: skip
+    else:
+        found.reasons += recovery.aftermath(
+            deployment, case, sent.holder, heal, planned.request, planned.shape,
+            case.fault == PAST_LEASE, faulted_at, deadline, history,
+        )  # fmt: skip
     found.unproven += race_premise(case, planned, sent, settings)
     found.passed = not found.reasons and not found.unproven
     return found
+
+
+def send_fault(run: CaseRun, sent: Sent) -> faults.FaultReport:
+    """The case's fault on the holder of its request: a worker's, the broker's, or the
+    discovery plane's (`responses.discovery_plane`)."""
+    deployment, case, settings, deadline, history = run.parts
+    if case.fault in DISCOVERY:
+        return discovery_plane.send_fault(
+            case.fault, sent.holder, sent.inflight, deployment.pool, deadline, history
+        )
+    return recovery.send_fault(
+        case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
+    )
 
 
 def streamed_rate(sent: Sent) -> float | None:

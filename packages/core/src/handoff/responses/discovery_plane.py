@@ -1,0 +1,260 @@
+"""The discovery plane's faults on etcd (`cases.DISCOVERY`), made on a pool's own etcd while a
+request is in flight on the holder, and what each must leave once the response has ended.
+
+A request in flight does not go through etcd: whatever befalls etcd or a lease, the response
+completes where it is (`policies.expected_outcome`), except after a SIGKILL (lease_expiry),
+where it moves as after worker_failure. What each fault must leave, with bounds from the lease
+handoff gives Dynamo (`etcd.LEASE_TTL_S`):
+
+- lease_expiry: the frontend no longer lists the dead worker within its lease, and nothing
+  removed its entries but the lease running out.
+- lease_revoked: the frontend drops the worker at once; the worker, its lease gone, ends by
+  itself (Dynamo routes a lost lease through its graceful shutdown).
+- etcd_partition: the frontend drops the cut-off worker within its lease; healed, the worker
+  must serve again (Dynamo issue 3493: a lost lease never recovers).
+- etcd_member_loss: with one member of three gone, a new request completes; the member is
+  started again for the pool's next case.
+- etcd_restart: etcd back within the leases, every process goes on: new requests complete for
+  a lease and more after it came back (3493 again: the frontend shuts itself down).
+- etcd_loss: with etcd gone for good, every process ends by itself within its lease and its
+  shutdown: none keeps serving from a discovery it can no longer read; the pool is discarded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from handoff import client, faults
+from handoff.backend import Shape, Worker
+from handoff.cases import Case
+from handoff.client import InFlight, Request, Response
+from handoff.deployment import Deployment
+from handoff.errors import CaseFailure
+from handoff.history import History
+from handoff.machine import etcd, firewall
+from handoff.machine.processes import ManagedProcess
+from handoff.polling import Deadline, Timeout, poll_until
+from handoff.pool import Pool
+from handoff.responses import recovery
+from handoff.verdict import completion_problems
+
+#: How long after its lease ran out a worker may still be listed: etcd expires leases every
+#: 0.5 s and the frontend hears of it through its watch (measured: 1 s, docs/known-issues.md).
+LISTING_SLACK_S = 5.0
+#: How long a process whose lease was lost may take to end by itself, nothing in flight: its
+#: graceful shutdown and its exit (faults.DRAIN_EXIT_S).
+EXIT_S = faults.DRAIN_EXIT_S
+#: How long etcd stays down before it is started again (etcd_restart): well within the
+#: leases, so that every lease outlives it; long enough that every process's keep-alive
+#: fails meanwhile (at 0.5-1 s of 10 the frontend's race showed in 3 of 8 outages, at 3 s in
+#: 6 of 8: docs/known-issues.md).
+OUTAGE_S = 0.3 * etcd.LEASE_TTL_S
+#: How often a probe goes out while the deployment must keep serving.
+PROBE_EVERY_S = 1.0
+
+
+def send_fault(
+    fault: str, holder: Worker, inflight: InFlight, pool: Pool, deadline: Deadline,
+    history: History,
+) -> faults.FaultReport:  # fmt: skip
+    """Make `fault` on `pool`'s etcd or on the lease of `holder`, recorded as sent."""
+    if pool.etcd is None:
+        raise CaseFailure(f"{fault} needs a pool on etcd, and {pool.name} is on the file store")
+    history.record("fault_sent", fault=fault, signal=faults.FIRST_SIGNAL[fault], worker=holder.name)
+    report = inject(fault, holder, pool, inflight, deadline)
+    history.record("discovery_faulted", on=report.worker, signals=list(report.signals))
+    return report
+
+
+def inject(
+    fault: str, holder: Worker, pool: Pool, inflight: InFlight, deadline: Deadline
+) -> faults.FaultReport:
+    """lease_expiry: SIGKILL the holder's tree. lease_revoked: revoke its leases.
+    etcd_partition: drop every packet to and from the holder's own member (`Layout.pinned`)
+    and prove some dropped. etcd_member_loss, etcd_restart, etcd_loss: SIGKILL the leader, or
+    every member (then start them again on their data, for a restart)."""
+    cluster = pool.etcd
+    assert cluster is not None
+    if fault == "lease_expiry":
+        killed = faults.inject("worker_failure", holder, inflight, 0.0, deadline)
+        return replace(killed, fault=fault)
+    done_before = inflight.finished
+    if fault == "lease_revoked":
+        if not (ids := pool.instance_ids.get(holder.name)):
+            raise CaseFailure(f"no instance id of {holder.name} is known: no lease to revoke")
+        if ended := [i for i in sorted(ids) if not cluster.revoke(i)]:
+            raise CaseFailure(f"{holder.name}'s lease(s) {ended} had ended before the revoke")
+        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), done_before)
+    if fault == "etcd_partition":
+        port = pool.pinned[holder.name].client_port
+        cut = firewall.Cut([firewall.Flow(dport=port), firewall.Flow(sport=port)])
+        faults.prove_cut(cut, holder, deadline.within(faults.CUT_PROOF_S))
+        pid, signals = holder.process.pid, ("nftables drop",)
+        return faults.FaultReport(fault, holder.name, pid, signals, done_before, cut=cut)
+    members = [cluster.leader()] if fault == "etcd_member_loss" else list(cluster.members)
+    killed = [m.process for m in members if m.process is not None]
+    _kill(killed, deadline)
+    signals: tuple[str, ...] = ("SIGKILL",)
+    if fault == "etcd_restart":
+        _down_for(OUTAGE_S, deadline)
+        for member in members:
+            cluster.start_member(member)
+        cluster.wait_ready(deadline)
+        signals = ("SIGKILL", "started again")
+    names = ", ".join(m.name for m in members)
+    return faults.FaultReport(fault, names, killed[0].pid, signals, done_before)
+
+
+def _down_for(seconds: float, deadline: Deadline) -> None:
+    """The outage itself: etcd stays down `seconds`, the fault's length, not a wait for a
+    condition."""
+    outage = deadline.within(seconds)
+    poll_until(lambda: (True if outage.expired() else None, "down"), deadline, "the outage")
+
+
+def _kill(processes: list[ManagedProcess], deadline: Deadline) -> None:
+    for process in processes:
+        process.kill()
+    for process in processes:
+        if left := process.wait_gone(deadline.within(faults.HOLDER_TIMEOUT_S)):
+            raise CaseFailure(f"{process.name} still alive after SIGKILL: {left}")
+
+
+def aftermath(
+    deployment: Deployment,
+    case: Case,
+    holder: Worker,
+    report: faults.FaultReport,
+    request: Request,
+    shape: Shape,
+    faulted_at: float,
+    deadline: Deadline,
+    history: History,
+) -> list[str]:
+    """What the fault must leave once the response has ended (the module's list); then every
+    gauge at 0 (`recovery.idle_problems`) where the frontend still serves."""
+    fault, problems, serves = case.fault, [], True
+    if fault in ("lease_expiry", "etcd_partition"):
+        lease_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
+        problems += unlisted_problems(deployment, holder, faulted_at, lease_s, history)
+    if fault == "lease_revoked":
+        problems += unlisted_problems(deployment, holder, faulted_at, LISTING_SLACK_S, history)
+        problems += exit_problems([holder.process], "its lease was revoked", EXIT_S, history)
+    if fault == "etcd_partition":
+        assert report.cut is not None
+        report.cut.heal()
+        history.record("worker_resumed", worker=holder.name, how="the cut removed")
+        problems += recovery.rejoin_problems(deployment, holder, request, history, shape)
+        recovery.retire(holder, deadline)  # never draw it again: its pool replaces it
+    if fault == "etcd_member_loss":
+        problems += one_request_problems(deployment, request, "with one etcd member lost", history)
+        restart_lost(deployment.pool, deadline, history)
+    if fault == "etcd_restart":
+        problems += kept_serving(deployment, request, time.monotonic(), history)
+        serves = not problems
+    if fault == "etcd_loss":
+        ended = [deployment.frontend, *(w.process for w in deployment.workers)]
+        bound_s = etcd.LEASE_TTL_S + EXIT_S
+        problems += exit_problems([p for p in ended if p], "etcd was lost", bound_s, history)
+        serves = False
+    if serves:
+        metrics_url = deployment.base_url + "/metrics"
+        problems += recovery.idle_problems(deployment, metrics_url, deadline, history, faulted_at)
+    return problems
+
+
+def unlisted_problems(
+    deployment: Deployment, worker: Worker, since: float, within_s: float, history: History
+) -> list[str]:
+    """The frontend must drop `worker` within `within_s` of `since`; an unknown instance id
+    is no proof (recovery.dropped_at)."""
+    if not deployment.pool.instance_ids.get(worker.name):
+        return [f"no instance id of {worker.name} is known: its leaving discovery is unproven"]
+    try:
+        recovery.dropped_at(deployment, worker, since, Deadline(within_s), history, within_s)
+    except Timeout as exc:
+        return [f"the frontend still listed {worker.name} {within_s:g} s after the fault ({exc})"]
+    return []
+
+
+def exit_problems(
+    processes: list[ManagedProcess], why: str, within_s: float, history: History
+) -> list[str]:
+    """Each of `processes` must end by itself, with code 0 (its own shutdown), within
+    `within_s`; a problem for each that did not."""
+    deadline = Deadline(within_s)
+
+    def probe() -> tuple[bool | None, str]:
+        running = [p.name for p in processes if p.exit_code() is None]
+        return (None if running else True), f"still running: {', '.join(running)}"
+
+    problems = []
+    try:
+        poll_until(probe, deadline, f"every process to end by itself after {why}")
+    except Timeout:
+        running = [p.name for p in processes if p.exit_code() is None]
+        problems += [f"{name} still ran {within_s:g} s after {why}" for name in running]
+    codes = {p.name: p.exit_code() for p in processes}
+    history.record("ended_by_themselves", why=why, exit_codes=codes)
+    return problems + [
+        f"{name} ended with code {code} after {why}, not by its own shutdown"
+        for name, code in codes.items()
+        if code not in (None, 0)
+    ]
+
+
+def one_request_problems(
+    deployment: Deployment, request: Request, when: str, history: History
+) -> list[str]:
+    """One new request, sent once, must complete in full (`verdict.completion_problems`)."""
+    probe = recovery.short(request)
+    response = Response()
+    client.send(deployment.base_url, probe, response, read_timeout_s=recovery.PROBE_READ_S)
+    history.record("new_request", sent=when, response=response.summary())
+    found = completion_problems(response, recovery.REJOIN_TOKENS)
+    return [f"a new request sent {when} failed: {problem}" for problem in found]
+
+
+def restart_lost(pool: Pool, deadline: Deadline, history: History) -> None:
+    """Start again every member that is gone, on its data, and wait for a leader."""
+    assert pool.etcd is not None
+    lost = [m for m in pool.etcd.members if not pool.etcd.alive(m)]
+    for member in lost:
+        pool.etcd.start_member(member)
+    pool.etcd.wait_ready(deadline)
+    history.record("etcd_restarted", members=[m.name for m in lost])
+
+
+def kept_serving(
+    deployment: Deployment, request: Request, since: float, history: History
+) -> list[str]:
+    """From `since` (etcd back) for a lease and `LISTING_SLACK_S` more, a new request every
+    `PROBE_EVERY_S` must complete, and every process of the case must still run; the first
+    probe that fails ends the watch, and the processes that had ended by then are named."""
+    window_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
+    processes = [p for p in [deployment.frontend, *(w.process for w in deployment.workers)] if p]
+    sent: list[float] = []
+
+    def probe() -> tuple[bool | None, str]:
+        now = time.monotonic()
+        if now - since >= window_s:
+            return True, ""
+        if sent and now - sent[-1] < PROBE_EVERY_S:
+            return None, f"{len(sent)} request(s) completed"
+        sent.append(now)
+        if found := one_request_problems(deployment, request, "after etcd came back", history):
+            raise CaseFailure(f"{found[0]} ({now - since:.1f} s after)")
+        return None, f"{len(sent)} request(s) completed"
+
+    try:
+        poll_until(probe, Deadline(window_s + recovery.PROBE_READ_S), "the deployment to serve")
+    except CaseFailure as exc:
+        ended = [
+            f"{p.name} had ended (code {p.exit_code()}) after etcd came back"
+            for p in processes
+            if p.exit_code() is not None
+        ]
+        return [str(exc), *ended]
+    history.record("kept_serving", seconds=window_s, requests=len(sent))
+    return []
