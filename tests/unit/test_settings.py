@@ -147,7 +147,7 @@ def one_line_error(folder, text, backend="vllm", installed=INSTALLED):
             "{{'agregate': 5}}: use aggregate, decode, kv_transfer, prefill, guided, choices, "
             "usage, stop, stop_after, min_tokens, frequency_penalty, presence_penalty, "
             "repetition_penalty, seeded, abandoned, load, decode_load, join, rolling, "
-            "decode_race, engine_core (did you mean 'aggregate'?), "
+            "decode_race, engine_core, discovery (did you mean 'aggregate'?), "
             "or remove it",
         ),
         ("[tool.handoff]\nmax_tokens = { decode = 0 }\n", "integers above 0, not {{'decode': 0}}"),
