@@ -115,7 +115,6 @@ PUBLISHED_PRE_MERGE = {
         "lease_revoked-completion-stream-nats",
         "etcd_partition-chat-unary-tcp",
         "etcd_member_loss-completion-unary-tcp",
-        "etcd_restart-chat-stream-nats",
         "etcd_loss-completion-stream-tcp",
         "stall_past_lease-chat-stream-tcp",
     ],

@@ -566,11 +566,15 @@ DISCOVERY_PLANE = Topology(
         "lease_revoked-completion-stream-nats",
         "etcd_partition-chat-unary-tcp",
         "etcd_member_loss-completion-unary-tcp",
-        "etcd_restart-chat-stream-nats",
         "etcd_loss-completion-stream-tcp",
         "stall_past_lease-chat-stream-tcp",
     ),
-    pre_merge_promise=Promise(each_value_of=("fault", "api", "response", "plane")),
+    # The restart's race is nightly: its trials run until the race shows, past the floor of
+    # the main job in about one run of six (docs/cases.md).
+    pre_merge_promise=Promise(
+        each_value_of=("api", "response", "plane"),
+        values_of=(("fault", tuple(f for f in (*DISCOVERY, PAST_LEASE) if f != "etcd_restart")),),
+    ),
 )
 
 TOPOLOGIES: dict[str, Topology] = {
