@@ -21,7 +21,7 @@ from handoff.machine.processes import ManagedProcess
 from handoff.machine.worker_logs import ANSI
 from handoff.policies import Policy
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.pool import Pool, StartupFailure, stop_all
+from handoff.pool import Pool, PoolKey, StartupFailure, stop_all
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
 HEALTH_ENDPOINT = {
@@ -71,7 +71,8 @@ class Deployment:
         self.frontend_env = dict(frontend_env or {})
         #: Whether the pool is this case's own, stopped with it.
         self.fresh = pool is None
-        self.pool = pool or Pool(backend, case, roles, folder)
+        layout = PoolKey.of(backend, case, roles).discovery
+        self.pool = pool or Pool(backend, case, roles, folder, discovery=layout)
         self.leases = PortLeases()
         self.frontend: ManagedProcess | None = None
         #: The frontend that served the drawn workers their first request, stopped since.

@@ -12,8 +12,8 @@ handoff gives Dynamo (`etcd.LEASE_TTL_S`):
   itself (Dynamo routes a lost lease through its graceful shutdown).
 - etcd_partition: the frontend drops the cut-off worker within its lease; healed, the worker
   must serve again (Dynamo issue 3493: a lost lease never recovers).
-- etcd_member_loss: with one member of three gone, a new request completes; the member is
-  started again for the pool's next case.
+- etcd_member_loss: with one member of three gone, new requests complete for a lease and
+  more; the member is started again for the pool's next case.
 - etcd_restart: etcd back within the leases, every process goes on: new requests complete for
   a lease and more after it came back (3493 again: the frontend shuts itself down).
 - etcd_loss: with etcd gone for good, every process ends by itself within its lease and its
@@ -148,10 +148,12 @@ def aftermath(
         problems += recovery.rejoin_problems(deployment, holder, request, history, shape)
         recovery.retire(holder, deadline)  # never draw it again: its pool replaces it
     if fault == "etcd_member_loss":
-        problems += one_request_problems(deployment, request, "with one etcd member lost", history)
+        lost = "after one etcd member was lost"
+        problems += kept_serving(deployment, request, faulted_at, lost, history)
         restart_lost(deployment.pool, deadline, history)
     if fault == "etcd_restart":
-        problems += kept_serving(deployment, request, time.monotonic(), history)
+        back = "after etcd came back"
+        problems += kept_serving(deployment, request, time.monotonic(), back, history)
         serves = not problems
     if fault == "etcd_loss":
         ended = [deployment.frontend, *(w.process for w in deployment.workers)]
@@ -227,11 +229,11 @@ def restart_lost(pool: Pool, deadline: Deadline, history: History) -> None:
 
 
 def kept_serving(
-    deployment: Deployment, request: Request, since: float, history: History
+    deployment: Deployment, request: Request, since: float, after: str, history: History
 ) -> list[str]:
-    """From `since` (etcd back) for a lease and `LISTING_SLACK_S` more, a new request every
-    `PROBE_EVERY_S` must complete, and every process of the case must still run; the first
-    probe that fails ends the watch, and the processes that had ended by then are named."""
+    """From `since` (`after`: what befell etcd then) for a lease and `LISTING_SLACK_S` more, a
+    new request every `PROBE_EVERY_S` must complete; the first that fails ends the watch, and
+    the processes of the case that had ended by then are named."""
     window_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
     processes = [p for p in [deployment.frontend, *(w.process for w in deployment.workers)] if p]
     sent: list[float] = []
@@ -243,7 +245,7 @@ def kept_serving(
         if sent and now - sent[-1] < PROBE_EVERY_S:
             return None, f"{len(sent)} request(s) completed"
         sent.append(now)
-        if found := one_request_problems(deployment, request, "after etcd came back", history):
+        if found := one_request_problems(deployment, request, after, history):
             raise CaseFailure(f"{found[0]} ({now - since:.1f} s after)")
         return None, f"{len(sent)} request(s) completed"
 
@@ -251,7 +253,7 @@ def kept_serving(
         poll_until(probe, Deadline(window_s + recovery.PROBE_READ_S), "the deployment to serve")
     except CaseFailure as exc:
         ended = [
-            f"{p.name} had ended (code {p.exit_code()}) after etcd came back"
+            f"{p.name} had ended (code {p.exit_code()}) {after}"
             for p in processes
             if p.exit_code() is not None
         ]
