@@ -16,6 +16,8 @@ from handoff.verdict import Verdict, against_known_defect
 
 DRAIN = KNOWN_DEFECTS["drain_expired"]
 LEASE = KNOWN_DEFECTS["stall_past_lease"]
+CUT_OFF = KNOWN_DEFECTS["etcd_partition"]
+RESTART = KNOWN_RACES["discovery", "etcd_restart"]
 RACE = KNOWN_RACES["decode_race", "worker_stall"]
 CUT_RACE = KNOWN_RACES["decode_race", "partition"]
 
@@ -118,6 +120,10 @@ UNROUTED = {
     "decode_load/migration_enabled-worker_stall-chat-nats": [
         never_routed("worker-2-decode", "{'backend/generate': 2, 'prefill/generate': 1}")
     ],
+    # On etcd (2026-12-06).
+    "discovery/stall_past_lease-chat-stream-tcp": [
+        never_routed("worker-0-aggregate", "{'backend/generate': 1}")
+    ],
 }
 #: The race of the re-issued request, seen (trial 2 of 17).
 RACED = {
@@ -147,8 +153,27 @@ CUT_RACED = {
         "t941 t3219 t1622 t2391 t287' expected, '' received",
     ],
 }
+#: A worker cut off from etcd past its lease, healed (2026-12-06).
+CUT_OFF_UNROUTED = {
+    "discovery/etcd_partition-chat-unary-tcp": [
+        never_routed("worker-1-aggregate", "{'backend/generate': 1}")
+    ],
+}
+#: The frontend's race after an etcd restart, seen (trial 1 of 8, 2026-12-06).
+RESTARTED = {
+    "discovery/etcd_restart-chat-stream-nats": [
+        "a new request sent after etcd came back failed: the response did not complete: "
+        "ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=28298): Max retries "
+        'exceeded with url: /v1/chat/completions (Caused by NewConnectionError("HTTPConnection('
+        "host='127.0.0.1', port=28298): Failed to establish a new connection: [Errno 111] "
+        'Connection refused")) (5.1 s after)',
+        "frontend had ended (code 0) after etcd came back",
+    ],
+}
 SEEN = (
-    [(DRAIN, key, reasons) for key, reasons in DRAINED.items()]
+    [(CUT_OFF, key, reasons) for key, reasons in CUT_OFF_UNROUTED.items()]
+    + [(RESTART, key, reasons) for key, reasons in RESTARTED.items()]
+    + [(DRAIN, key, reasons) for key, reasons in DRAINED.items()]
     + [(LEASE, key, reasons) for key, reasons in UNROUTED.items()]
     + [(RACE, key, reasons) for key, reasons in RACED.items()]
     + [(CUT_RACE, key, reasons) for key, reasons in CUT_RACED.items()]
@@ -199,7 +224,9 @@ def test_every_reason_the_defect_explains_alone_is_that_defect(defect, key, reas
 
 
 @pytest.mark.parametrize(
-    "defect", [DRAIN, LEASE, RACE, CUT_RACE], ids=lambda d: f"{d.issue} {d.fault}"
+    "defect",
+    [DRAIN, LEASE, CUT_OFF, RESTART, RACE, CUT_RACE],
+    ids=lambda d: f"{d.issue} {d.fault}",
 )
 def test_every_pattern_of_a_defect_explains_a_reason_seen(defect):
     """No pattern is there for a reason no run gave."""
