@@ -1,9 +1,15 @@
-"""Each check of the discovery plane's cases can fail: a real deployment on etcd, misconfigured
+"""Without etcd, the cases on etcd are reported not run in one line, and the rest run.
+
+Each check of the discovery plane's cases can fail: a real deployment on etcd, misconfigured
 for real (a lease longer than the one handoff gives, a keep-alive too slow to notice a revoke,
 processes that know one etcd member only), makes the case fail with a reason that names what
 went wrong, and a known defect's case then fails plainly; nothing is left running, and no etcd
 data folder is left behind."""
 
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +25,8 @@ from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)
 
-pytestmark = pytest.mark.skipif(bool(etcd.missing()), reason=str(etcd.missing()))
+#: The checks of a deployment on etcd need etcd (`nox -s tests` installs it as root).
+NEEDS_ETCD = pytest.mark.skipif(bool(etcd.missing()), reason=str(etcd.missing()))
 
 
 class WorkersWith(MockerBackend):
@@ -60,16 +67,19 @@ def records(tmp_path, monkeypatch):
     return folder
 
 
+@NEEDS_ETCD
 def test_a_dead_worker_listed_past_its_lease_fails_the_case(tmp_path, records):
     reasons = failed(LONG_LEASE, "lease_expiry-chat-stream-tcp", tmp_path, records)
     assert "the frontend still listed worker-" in reasons and "15 s after the fault" in reasons
 
 
+@NEEDS_ETCD
 def test_a_worker_that_outlives_its_revoked_lease_fails_the_case(tmp_path, records):
     reasons = failed(LINGERING, "lease_revoked-completion-stream-nats", tmp_path, records)
     assert "still ran 15 s after its lease was revoked" in reasons
 
 
+@NEEDS_ETCD
 def test_a_cut_that_cannot_be_proven_is_no_known_defect(tmp_path, records):
     """On a lease six times handoff's, the worker sends etcd nothing while the cut is proven:
     the case fails plainly by that, never as Dynamo issue 3493."""
@@ -77,6 +87,7 @@ def test_a_cut_that_cannot_be_proven_is_no_known_defect(tmp_path, records):
     assert "timed out waiting for the partition of worker-" in reasons
 
 
+@NEEDS_ETCD
 def test_workers_that_outlive_a_lost_etcd_fail_the_case(tmp_path, records):
     reasons = failed(LONG_LEASE, "etcd_loss-completion-stream-tcp", tmp_path, records)
     assert "still ran 25 s after etcd was lost" in reasons
@@ -90,6 +101,7 @@ class OneMember(MockerBackend):
         return replace(launch, env={**launch.env, "ETCD_ENDPOINTS": self.first})
 
 
+@NEEDS_ETCD
 def test_a_deployment_that_knows_one_member_of_three_fails_when_it_is_lost(
     tmp_path, records, monkeypatch
 ):
@@ -105,3 +117,28 @@ def test_a_deployment_that_knows_one_member_of_three_fails_when_it_is_lost(
     monkeypatch.setattr(Pool, "frontend_env", lambda pool: {"ETCD_ENDPOINTS": backend.first})
     reasons = failed(backend, "etcd_member_loss-completion-unary-tcp", tmp_path, records)
     assert "after one etcd member was lost" in reasons
+
+
+def test_without_etcd_its_cases_are_not_run_and_the_rest_run(tmp_path):
+    hidden = os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not shutil.which("etcd", path=d)
+    )
+    assert shutil.which("etcd", path=hidden) is None
+    cases = [
+        "aggregate/max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
+        "discovery/lease_expiry-chat-stream-tcp",
+        "discovery/etcd_loss-completion-stream-tcp",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
+         "-p", "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs", str(tmp_path),
+         *(arg for case in cases for arg in ("--handoff-case", case))],
+        env={**os.environ, "PATH": hidden}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    said = [line for line in done.stdout.splitlines() if "not run" in line]
+    assert said == [
+        "handoff: 2 etcd cases not run: etcd is not installed: apt-get install etcd-server (as "
+        "root), or run on --handoff-discovery file"
+    ]
+    assert "1 passed" in done.stdout

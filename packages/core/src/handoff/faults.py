@@ -401,12 +401,14 @@ def discovery(case: Case, chosen: str) -> Layout:
     return Layout("etcd", 1)
 
 
-def missing_for(case: Case, chosen: str) -> str | None:
-    """Why `case` cannot be run on this machine, in one line; None when it can: its fault
-    needs nftables, or its workers etcd."""
+def missing_for(case: Case, chosen: str) -> tuple[str, str] | None:
+    """What of `case` cannot run on this machine and why, in one line that says the fix; None
+    when it can: a partition needs nftables, a case on etcd needs etcd."""
     if case.fault == "partition" and (why := firewall.missing()):
-        return why
-    return etcd.missing() if discovery(case, chosen).kind == "etcd" else None
+        return "partition", why
+    if discovery(case, chosen).kind == "etcd" and (why := etcd.missing()):
+        return "etcd", why
+    return None
 
 
 def worker_env(fault: str) -> dict[str, str]:

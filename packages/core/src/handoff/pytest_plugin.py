@@ -355,7 +355,8 @@ def chosen_cases(config: pytest.Config, backend: Backend) -> list[Case]:
 
 
 def not_run_here(config: pytest.Config) -> list[str]:
-    """One line for each fault whose chosen cases this machine cannot run, and why."""
+    """One line for each thing this machine lacks (nftables, etcd): how many of the chosen
+    cases need it, and the fix."""
     if not config.getoption("handoff_backend"):
         return []
     try:
@@ -365,8 +366,9 @@ def not_run_here(config: pytest.Config) -> list[str]:
         return []  # reported at collection, in one line
     missing: dict[str, list[Case]] = {}
     for case in cases:
-        if why := faults.missing_for(case, str(backend.setting("discovery"))):
-            missing.setdefault(f"{case.fault} cases not run: {why}", []).append(case)
+        if found := faults.missing_for(case, str(backend.setting("discovery"))):
+            what, why = found
+            missing.setdefault(f"{what} cases not run: {why}", []).append(case)
     return [f"handoff: {len(held)} {line}" for line, held in missing.items()]
 
 
