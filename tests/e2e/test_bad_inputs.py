@@ -125,7 +125,7 @@ def test_the_documented_settings_do_not_break_a_mocker_run(tmp_path, env):
     env = {**env, "HANDOFF_PLUGINS": "mocker"}
     result = qualify(tmp_path, env, "--collect-only", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "62 tests collected" in result.stdout
+    assert "68 tests collected" in result.stdout
 
 
 @pytest.mark.parametrize(

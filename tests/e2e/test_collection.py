@@ -52,10 +52,10 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
 @pytest.mark.parametrize(
     ("args", "count"),
     [
-        (("-m", "pre_merge and mocker"), 62),
+        (("-m", "pre_merge and mocker"), 68),
         (("-m", "nightly"), 0),
         # The deadline's own marker; `timeout` is pytest-timeout's, which would enforce it.
-        (("-m", "handoff_timeout"), 62),
+        (("-m", "handoff_timeout"), 68),
         (("-m", "timeout"), 0),
         (("-k", "aggregate and nats"), 22),
         (("-k", "aggregate and migration_disabled and unary"), 6),
@@ -63,8 +63,11 @@ def test_items_carry_the_case_keys_and_a_pools_cases_run_together():
         (("--handoff-topology", "kv_transfer", "--handoff-topology", "prefill"), 6),
         (("--handoff-selection", "nightly"), None),  # the generated count, made in the test
         # aggregate, decode, kv_transfer, prefill, guided, choices, usage, abandoned, load,
-        # decode_load, join, rolling.
-        (("--handoff-selection", "full"), 200 + 96 + 16 + 64 + 64 + 64 + 16 + 12 + 96 + 96 + 36),
+        # decode_load, join, rolling, discovery.
+        (
+            ("--handoff-selection", "full"),
+            200 + 96 + 16 + 64 + 64 + 64 + 16 + 12 + 96 + 96 + 36 + 56,
+        ),
         (("--handoff-selection", "full", "--handoff-topology", "aggregate"), 200),
     ],
 )

@@ -45,4 +45,4 @@ def test_a_backend_that_takes_no_image_runs_here_even_with_one_set(tmp_path):
         env={**os.environ, "HANDOFF_IMAGE": "team/runtime:1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "62 tests collected" in result.stdout
+    assert "68 tests collected" in result.stdout

@@ -15,10 +15,12 @@ from handoff.runner import Settings
 from handoff_mocker import MockerBackend
 
 SETTINGS = Settings(keep_logs=True)
-#: Each known defect's cheapest case (the drain's takes about 6 s, the lease's about 26 s).
+#: Each known defect's cheapest case (the drain's takes about 6 s, the lease's and the cut from
+#: etcd's about 26 s), and its topology.
 CASES = {
-    "drain_expired": "migration_enabled-drain_expired-chat-stream-nats",
-    "stall_past_lease": "migration_enabled-stall_past_lease-completion-unary-tcp",
+    "drain_expired": ("migration_enabled-drain_expired-chat-stream-nats", "aggregate"),
+    "stall_past_lease": ("migration_enabled-stall_past_lease-completion-unary-tcp", "aggregate"),
+    "etcd_partition": ("etcd_partition-chat-unary-tcp", "discovery"),
 }
 COUNTED_AT_ARRIVAL = "migration counter max_seq_len_exceeded = 1, expected 0"
 
@@ -26,7 +28,7 @@ COUNTED_AT_ARRIVAL = "migration counter max_seq_len_exceeded = 1, expected 0"
 def run(folder, fault, **misconfiguration):
     backend = MockerBackend()
     timeout_s = float(backend.setting("case_timeout_s"))
-    case = Case.from_id(CASES[fault])
+    case = Case.from_id(*CASES[fault])
     return runner.run_case(backend, case, folder, SETTINGS, timeout_s, **misconfiguration)
 
 

@@ -47,8 +47,8 @@ LISTING_SLACK_S = 5.0
 EXIT_S = faults.DRAIN_EXIT_S
 #: How long etcd stays down before it is started again (etcd_restart): well within the
 #: leases, so that every lease outlives it; long enough that every process's keep-alive
-#: fails meanwhile (at 0.5-1 s of 10 the frontend's race showed in 3 of 8 outages, at 3 s in
-#: 6 of 8: docs/known-issues.md).
+#: fails meanwhile (at 0.5-1 s of 10 the frontend's race showed in 4 of 8 outages, at 3 s in
+#: 6 of 9: docs/known-issues.md).
 OUTAGE_S = 0.3 * etcd.LEASE_TTL_S
 #: How often a probe goes out while the deployment must keep serving.
 PROBE_EVERY_S = 1.0

@@ -452,20 +452,18 @@ def dropped_at(
 ) -> float:
     """When the frontend first lists no instance of `worker` (one of unknown instance ids is
     never unlisted), within `within_s` of `since` and `deadline`, recorded as `worker_unlisted`;
-    Timeout past it. A listing with no instance of any other of the case's workers proves
-    nothing: Dynamo 1.6.1's /health lists none when it could not read its discovery
-    (docs/known-issues.md)."""
+    Timeout past it. A listing of no instance at all proves nothing: Dynamo 1.6.1's /health
+    lists none when it could not read its discovery (docs/known-issues.md)."""
 
     def probe() -> tuple[float | None, str]:
         try:
             listed, _ = deployment.listing()
         except (requests.RequestException, ValueError) as exc:
             return None, silent(exc)
-        unlisted = deployment.unlisted_in(listed)
-        if worker.name not in unlisted:
+        if not set().union(*listed.values()):
+            return None, "no instance listed: the frontend read no discovery"
+        if worker.name not in deployment.unlisted_in(listed):
             return None, f"{worker.name} listed"
-        if not [w for w in deployment.workers if w.name not in unlisted]:
-            return None, "no worker listed: the frontend read no discovery"
         return time.monotonic(), ""
 
     left_s = since + within_s - time.monotonic()
