@@ -109,3 +109,11 @@ def test_a_member_is_read_written_and_leaves_nothing(tmp_path, monkeypatch):
     assert list((tmp_path / "records" / "folders").iterdir()) == []
     with pytest.raises(etcd.Unanswered):
         cluster.entries("v1/")
+
+
+def test_a_partition_spares_the_etcd_members_a_worker_was_told_of():
+    """The partition cuts a worker off from the frontend and the broker on either discovery;
+    its cut from etcd is etcd_partition's."""
+    told = {"ETCD_ENDPOINTS": "http://127.0.0.1:23001,http://127.0.0.1:23003"}
+    assert faults.etcd_ports(told) == {23001, 23003}
+    assert faults.etcd_ports({}) == set()

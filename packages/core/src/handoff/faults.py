@@ -346,10 +346,12 @@ def heal(holder: Worker, fault: FaultReport) -> None:
 
 def partition_flows(holder: Worker) -> list[firewall.Flow]:
     """Both directions of every TCP connection of the holder's tree but those to its status
-    port (handoff's own reading of it): its listening ports whole (the request plane's server,
-    its event publisher), and the exact 4-tuple of each connection it opened (its response
-    streams to the frontend, its NATS client). All of them are on loopback."""
-    keep = {holder.ports["system"]}
+    port (handoff's own reading of it) and to etcd (the discovery plane, whose cut is
+    `etcd_partition`'s: on either discovery a partition cuts the same): its listening ports
+    whole (the request plane's server, its event publisher), and the exact 4-tuple of each
+    connection it opened (its response streams to the frontend, its NATS client). All of them
+    are on loopback."""
+    keep = {holder.ports["system"], *etcd_ports(holder.process.env)}
     sockets = []
     for proc in holder.process.tree():
         try:
@@ -364,10 +366,16 @@ def partition_flows(holder: Worker) -> list[firewall.Flow]:
     flows += [firewall.Flow(dport=port) for port in sorted(listening)]
     for c in sockets:
         opened = c.status == psutil.CONN_ESTABLISHED and c.raddr
-        if opened and c.laddr.port not in listening | keep:
+        if opened and c.laddr.port not in listening | keep and c.raddr.port not in keep:
             mine, theirs = (c.laddr.ip, c.laddr.port), (c.raddr.ip, c.raddr.port)
             flows += [firewall.Flow(*mine, *theirs), firewall.Flow(*theirs, *mine)]
     return flows
+
+
+def etcd_ports(env: dict[str, str]) -> set[int]:
+    """The client ports of the etcd members a process was told of (`ETCD_ENDPOINTS`)."""
+    endpoints = env.get("ETCD_ENDPOINTS", "")
+    return {int(url.rsplit(":", 1)[1]) for url in endpoints.split(",") if url}
 
 
 def _on_loopback(address: str) -> bool:
