@@ -184,6 +184,12 @@ class Cluster:
         ttl = int(self.call(None, "/v3/lease/timetolive", {"ID": lease}).get("TTL", -1))
         return None if ttl < 0 else ttl
 
+    def shortest_lease(self) -> int:
+        """The seconds the lease nearest its end has left, of every lease etcd holds."""
+        leases = self.call(None, "/v3/lease/leases", {}).get("leases", [])
+        left = [self.time_to_live(int(lease["ID"])) for lease in leases]
+        return min((ttl for ttl in left if ttl is not None), default=0)
+
     def remove_data(self) -> None:
         """Remove every member's data folder: once every member is gone for good."""
         for member in self.members:
