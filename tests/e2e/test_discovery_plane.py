@@ -6,14 +6,11 @@ processes that know one etcd member only), makes the case fail with a reason tha
 went wrong, and a known defect's case then fails plainly; nothing is left running, and no etcd
 data folder is left behind."""
 
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from without_binary import not_run, run_without
 
 from handoff import runner
 from handoff.cases import Case
@@ -120,24 +117,14 @@ def test_a_deployment_that_knows_one_member_of_three_fails_when_it_is_lost(
 
 
 def test_without_etcd_its_cases_are_not_run_and_the_rest_run(tmp_path):
-    hidden = os.pathsep.join(
-        d for d in os.environ["PATH"].split(os.pathsep) if not shutil.which("etcd", path=d)
-    )
-    assert shutil.which("etcd", path=hidden) is None
     cases = [
         "aggregate/max_seq_len_not_exceeded-worker_failure-completion-unary-nats",
         "discovery/lease_expiry-chat-stream-tcp",
         "discovery/etcd_loss-completion-stream-tcp",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
-         "-p", "no:cacheprovider", "--handoff-backend", "mocker", "--handoff-logs", str(tmp_path),
-         *(arg for case in cases for arg in ("--handoff-case", case))],
-        env={**os.environ, "PATH": hidden}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_without("etcd", cases, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
-    said = [line for line in done.stdout.splitlines() if "not run" in line]
-    assert said == [
+    assert not_run(done) == [
         "handoff: 2 etcd cases not run: etcd is not installed: apt-get install etcd-server (as "
         "root), or run on --handoff-discovery file"
     ]

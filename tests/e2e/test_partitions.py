@@ -7,14 +7,12 @@ the partition cases not run, in one line, and runs the rest. They need root and 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 
 from interrupted_runs import IsolatedRuns
+from without_binary import not_run, run_without
 
 from handoff.cases import Case
 from handoff.machine import firewall
@@ -100,21 +98,11 @@ def test_a_heal_that_never_happens_fails_the_next_case_by_name(tmp_path, monkeyp
 
 
 def test_without_nft_the_partition_cases_are_not_run_and_the_rest_run(tmp_path):
-    hidden = os.pathsep.join(
-        d for d in os.environ["PATH"].split(os.pathsep) if not shutil.which("nft", path=d)
-    )
-    assert shutil.which("nft", path=hidden) is None
-    env = {**os.environ, "PATH": hidden}
     # A unary case: no stream, so no boundary that a loaded machine leaves not proven.
     cases = [CASE, "aggregate/max_seq_len_not_exceeded-worker_failure-completion-unary-nats"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "handoff.qualification",
-         "-p", "no:cacheprovider", *MOCKER, "--handoff-logs", str(tmp_path),
-         *(arg for case in cases for arg in ("--handoff-case", case))],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_without("nft", cases, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
-    said = [line for line in done.stdout.splitlines() if "not run" in line]
+    said = not_run(done)
     assert said == [
         "handoff: 1 partition cases not run: nft is not installed: apt-get install nftables "
         "(as root)"

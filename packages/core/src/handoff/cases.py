@@ -29,6 +29,20 @@ POLICIES = (
     "max_seq_len_exceeded",
     "max_seq_len_not_exceeded",
 )
+#: The faults of the discovery plane, on etcd, with the request in flight on the holder:
+#: lease_expiry: SIGKILL of the holder, whose lease must then run out by itself (no entry is
+#: removed for it); lease_revoked: the holder's lease revoked; etcd_partition: the holder cut
+#: off from etcd (nftables), healed once the frontend no longer lists it; etcd_member_loss:
+#: SIGKILL of the leader of three members; etcd_restart: SIGKILL of etcd, started again on its
+#: data within the leases; etcd_loss: SIGKILL of etcd for good.
+DISCOVERY = (
+    "lease_expiry",
+    "lease_revoked",
+    "etcd_partition",
+    "etcd_member_loss",
+    "etcd_restart",
+    "etcd_loss",
+)
 #: worker_failure: SIGKILL. graceful_shutdown: SIGTERM, SIGKILL after the graceful bound.
 #: worker_stall: SIGSTOP, SIGCONT once the verdict's evidence is in (a hang, not a crash).
 #: stall_past_lease: SIGSTOP, SIGCONT only once the frontend no longer lists the worker (its
@@ -52,12 +66,7 @@ FAULTS = (
     "broker_loss",
     "stall_past_lease",
     "engine_failure",
-    "lease_expiry",
-    "lease_revoked",
-    "etcd_partition",
-    "etcd_member_loss",
-    "etcd_restart",
-    "etcd_loss",
+    *DISCOVERY,
     "client_close",
     "close_after_move",
     "close_in_stall",
@@ -71,20 +80,6 @@ ABANDONS = {
     "close_after_move": "worker_failure",
     "close_in_stall": "worker_stall",
 }
-#: The faults of the discovery plane, on etcd, with the request in flight on the holder:
-#: lease_expiry: SIGKILL of the holder, whose lease must then run out by itself (no entry is
-#: removed for it); lease_revoked: the holder's lease revoked; etcd_partition: the holder cut
-#: off from etcd (nftables), healed once the frontend no longer lists it; etcd_member_loss:
-#: SIGKILL of the leader of three members; etcd_restart: SIGKILL of etcd, started again on its
-#: data within the leases; etcd_loss: SIGKILL of etcd for good.
-DISCOVERY = (
-    "lease_expiry",
-    "lease_revoked",
-    "etcd_partition",
-    "etcd_member_loss",
-    "etcd_restart",
-    "etcd_loss",
-)
 #: What befalls a worker or the broker while its client waits: every fault but a client's and
 #: the discovery plane's.
 WORKER_FAULTS = tuple(f for f in FAULTS if f not in ABANDONS and f not in DISCOVERY)
