@@ -29,6 +29,7 @@ from handoff.runs.progress import LiveProgress
 from handoff.runs.report import case_table
 from handoff.runs.results import FILE as RESULTS_FILE
 from handoff.runs.results import PROPERTY, CaseRecord, RunResults, describe, tally
+from handoff.settings import CHOICES
 from handoff.sharing import scheduling
 from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN
 
@@ -88,6 +89,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="device the backend's workers run on, for a backend that offers more than one "
         "(vllm: cuda or cpu; default: the device setting of [tool.handoff], else the first)",
     )
+    add_deployment_options(group)
+    scheduling.add_options(group)
+
+
+def add_deployment_options(group) -> None:
+    """How a case's processes are deployed: fresh or from a pool, its spares, its discovery."""
     group.addoption(
         "--handoff-fresh",
         action=argparse.BooleanOptionalAction,
@@ -97,7 +104,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--handoff-discovery",
-        choices=("file", "etcd"),
+        choices=CHOICES["discovery"],
         help="where Dynamo's processes find each other: its file store, or etcd started by "
         "handoff on loopback (default: discovery of [tool.handoff], else file)",
     )
@@ -107,7 +114,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="workers of the faulted role each pool keeps ready (default: spare_workers of "
         "[tool.handoff], else 1)",
     )
-    scheduling.add_options(group)
 
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml reads its path
