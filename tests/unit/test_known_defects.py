@@ -99,10 +99,14 @@ DRAINED = {
 }
 
 
-def never_routed(worker: str, instances: str, unlisted: str | None = None) -> str:
-    """recovery.unrejoined's reason, as the lease's cases gave it."""
+def never_routed(
+    worker: str, instances: str, unlisted: str | None = None, state: str = "it still runs"
+) -> str:
+    """recovery.unrejoined's reason, as the lease's cases gave it (on etcd the worker ends
+    itself, with code 0, once it runs again)."""
     return (
-        f"{worker}, healed after its fault, was never routed to again: timed out waiting for "
+        f"{worker}, healed after its fault, was never routed to again ({state}): timed out "
+        f"waiting for "
         f"{worker} to take a request again; last seen: 154 request(s), HTTP 200, 1 content "
         f"chunk(s), finish_reason=length, completion_tokens=4; the frontend lists instances "
         f"{instances} and models ['handoff-mocker']; it lists none of {unlisted or worker}"
@@ -122,7 +126,7 @@ UNROUTED = {
     ],
     # On etcd (2026-12-06).
     "discovery/stall_past_lease-chat-stream-tcp": [
-        never_routed("worker-0-aggregate", "{'backend/generate': 1}")
+        never_routed("worker-0-aggregate", "{'backend/generate': 1}", state="it ended with code 0")
     ],
 }
 #: The race of the re-issued request, seen (trial 2 of 17).
@@ -156,7 +160,7 @@ CUT_RACED = {
 #: A worker cut off from etcd past its lease, healed (2026-12-06).
 CUT_OFF_UNROUTED = {
     "discovery/etcd_partition-chat-unary-tcp": [
-        never_routed("worker-1-aggregate", "{'backend/generate': 1}")
+        never_routed("worker-1-aggregate", "{'backend/generate': 1}", state="it still runs")
     ],
 }
 #: The frontend's race after an etcd restart, seen (trial 1 of 8, 2026-12-06).
@@ -326,6 +330,10 @@ LEASE_LOOKALIKES = {
     "its requests unread": never_routed("worker-0-aggregate", "{'backend/generate': 1}").replace(
         "completion_tokens=4;", "completion_tokens=4; worker-0-aggregate's requests: no answer;"
     ),
+    "the worker crashed": never_routed(
+        "worker-0-aggregate", "{'backend/generate': 1}", state="it ended with code -11"
+    ),
+    "no instance listed at all": never_routed("worker-0-aggregate", "{}"),
 }
 
 

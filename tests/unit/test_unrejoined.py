@@ -37,12 +37,15 @@ def deployment(listed: set[int] | None) -> Deployment:
 
 
 def holder() -> SimpleNamespace:
-    return SimpleNamespace(name=HOLDER)
+    """A holder still running."""
+    return SimpleNamespace(name=HOLDER, process=SimpleNamespace(exit_code=lambda: None))
 
 
 def test_a_holder_never_served_while_every_worker_is_listed_is_the_holders_failure():
     said = unrejoined(deployment({10, 11}), holder(), TIMEOUT)
-    assert said.startswith(f"{HOLDER}, healed after its fault, was never routed to again: timed")
+    assert said.startswith(
+        f"{HOLDER}, healed after its fault, was never routed to again (it still runs): timed"
+    )
     assert said.endswith("the frontend lists instances {'backend/generate': 2} and models "
                          "['handoff-mocker']")  # fmt: skip
 
@@ -60,7 +63,7 @@ def test_the_worker_a_joiner_replaced_is_no_bystander_but_any_other_is():
     """A joiner's probes: the worker its case ended is unlisted, rightly, and not blamed; one
     the case never faulted and the frontend dropped is, first."""
     said = unrejoined(deployment({11}), holder(), TIMEOUT, JOINED, ended=(BYSTANDER,))
-    assert said.startswith(f"{HOLDER}, {JOINED}, never took a request: timed out")
+    assert said.startswith(f"{HOLDER}, {JOINED}, never took a request (it still runs): timed out")
     said = unrejoined(deployment({11}), holder(), TIMEOUT, JOINED, ended=("worker-9-aggregate",))
     assert said.startswith(f"the frontend dropped {BYSTANDER}, never faulted")
 

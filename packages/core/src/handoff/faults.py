@@ -411,9 +411,10 @@ def discovery(case: Case, chosen: str) -> Layout:
 
 def missing_for(case: Case, chosen: str) -> tuple[str, str] | None:
     """What of `case` cannot run on this machine and why, in one line that says the fix; None
-    when it can: a partition needs nftables, a case on etcd needs etcd."""
-    if case.fault == "partition" and (why := firewall.missing()):
-        return "partition", why
+    when it can: a partition (from the frontend or from etcd) needs nftables, a case on etcd
+    needs etcd."""
+    if case.fault in ("partition", "etcd_partition") and (why := firewall.missing()):
+        return case.fault, why
     if discovery(case, chosen).kind == "etcd" and (why := etcd.missing()):
         return "etcd", why
     return None

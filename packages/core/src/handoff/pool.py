@@ -422,8 +422,8 @@ class Pool:
         if self._mirror_thread is not None:
             self._mirror_thread.join()
         problems = stop_all(self.processes, self.leases)
-        if self.etcd is not None:  # once its members are gone
-            self.etcd.remove_data()
+        if self.etcd is not None and not problems:  # once its members are gone for sure
+            problems += self.etcd.remove_data()
         if self.preloader is not None:  # once everything it forked is gone
             problems += self.preloader.stop(TEARDOWN_TIMEOUT_S)
         self._release_gpu()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from handoff.errors import HandoffError
+from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import ownership
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.services import LOOPBACK
@@ -121,13 +121,24 @@ class Cluster:
         member.process = self._spawn(member.name, argv)
 
     def wait_ready(self, deadline: Deadline) -> None:
-        """Until every live member says it is healthy (it has a leader)."""
+        """Until every member says it is healthy (it has a leader); a member that exited fails
+        at once, naming its log."""
 
         def probe() -> tuple[bool | None, str]:
-            sick = [m.name for m in self.members if self.alive(m) and not _healthy(m)]
+            for member in self.members:
+                if (process := member.process) is None or process.exit_code() is not None:
+                    tail = f"log {process.log_path}:\n{process.log_tail()}" if process else ""
+                    raise CaseFailure(f"etcd member {member.name} is not running; {tail}")
+            sick = [m.name for m in self.members if not _healthy(m)]
             return (None if sick else True), f"not healthy yet: {', '.join(sick)}"
 
         poll_until(probe, deadline.within(READY_TIMEOUT_S), "etcd to have a leader")
+
+    def restart(self, members: list[Member], deadline: Deadline) -> None:
+        """Start `members` again on their data, and wait until every member is healthy."""
+        for member in members:
+            self.start_member(member)
+        self.wait_ready(deadline)
 
     def alive(self, member: Member) -> bool:
         return member.process is not None and member.process.exit_code() is None
@@ -145,9 +156,10 @@ class Cluster:
         return ids[leader]
 
     def call(self, member: Member | None, path: str, body: dict) -> dict:
-        """One gateway call to `member` (default: the first live one); Unanswered when none
-        answers."""
-        targets = [member] if member else [m for m in self.members if self.alive(m)]
+        """One gateway call to `member`, or to the live members last first (in a pinned layout
+        the frontend's, which no fault cuts: handoff's own calls never count as a cut worker's
+        packets); Unanswered when none answers."""
+        targets = [member] if member else [m for m in reversed(self.members) if self.alive(m)]
         for target in targets:
             try:
                 answer = requests.post(target.client_url + path, json=body, timeout=CALL_TIMEOUT_S)
@@ -180,22 +192,28 @@ class Cluster:
         return True
 
     def time_to_live(self, lease: int) -> int | None:
-        """The seconds `lease` has left; None once it has ended."""
-        ttl = int(self.call(None, "/v3/lease/timetolive", {"ID": lease}).get("TTL", -1))
+        """The seconds `lease` has left; None once it has ended (etcd says -1; the gateway
+        leaves out a field that is 0)."""
+        ttl = int(self.call(None, "/v3/lease/timetolive", {"ID": lease}).get("TTL", 0))
         return None if ttl < 0 else ttl
 
     def shortest_lease(self) -> int:
         """The seconds the lease nearest its end has left, of every lease etcd holds."""
         leases = self.call(None, "/v3/lease/leases", {}).get("leases", [])
-        left = [self.time_to_live(int(lease["ID"])) for lease in leases]
-        return min((ttl for ttl in left if ttl is not None), default=0)
+        left = [t for lease in leases if (t := self.time_to_live(int(lease["ID"]))) is not None]
+        if not left:
+            raise Unanswered("etcd holds no lease: no process of the deployment registered")
+        return min(left)
 
-    def remove_data(self) -> None:
-        """Remove every member's data folder: once every member is gone for good."""
+    def remove_data(self) -> list[str]:
+        """Remove every member's data folder, once every member is gone for good; a problem
+        for each that stays (its record too, so that the next run tries again)."""
+        problems = []
         for member in self.members:
-            if member.data is not None:
-                ownership.drop_folder(member.data)
-                member.data = None
+            if member.data is not None and not ownership.drop_folder(member.data):
+                problems.append(f"etcd data folder {member.data} could not be removed")
+            member.data = None
+        return problems
 
 
 def _healthy(member: Member) -> bool:

@@ -105,9 +105,13 @@ def own_folder(name: str) -> Path:
     return folder
 
 
-def drop_folder(folder: Path) -> None:
+def drop_folder(folder: Path) -> bool:
+    """Remove `folder`, then its record; False, the record kept, when the folder stays."""
     shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():
+        return False
     folder.with_name(folder.name + ".json").unlink(missing_ok=True)
+    return True
 
 
 def reap_folders() -> list[str]:
@@ -115,8 +119,9 @@ def reap_folders() -> list[str]:
     reaped = []
     for path in sorted(_folders().glob("*.json")):
         if (entry := orphaned(path)) is not None:
-            drop_folder(Path(entry["folder"]))
-            reaped.append(f"data folder {entry['folder']} (owner pid {entry['owner']})")
+            gone = drop_folder(Path(entry["folder"]))
+            what = "" if gone else ", which stays: it could not be removed"
+            reaped.append(f"data folder {entry['folder']} (owner pid {entry['owner']}{what})")
     return reaped
 
 

@@ -27,6 +27,7 @@ from handoff.backend import Shape, Worker
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment, silent
 from handoff.history import History
+from handoff.machine import etcd
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import stop_trees
 from handoff.responses import recovery, waits
@@ -91,7 +92,11 @@ class Joiner:
             self.seen = f"exited with code {code}"
             self._stop.set()
             return None
-        ids = self.deployment.pool.discovery.instance_ids(self.worker.ports["system"])
+        try:
+            ids = self.deployment.pool.discovery.instance_ids(self.worker.ports["system"])
+        except etcd.Unanswered as exc:  # unknown: asked again
+            self.seen = str(exc)
+            return None
         if not ids:
             self.seen = "not registered yet"
             return None

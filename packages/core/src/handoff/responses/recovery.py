@@ -372,7 +372,9 @@ def unrejoined(
     were never faulted, the deployment lost leases beyond the fault, and that is said first.
     One reading of the listing backs both."""
     never = "was never routed to again" if who == HEALED else "never took a request"
-    failed = f"{holder.name}, {who}, {never}: {exc}"
+    code = holder.process.exit_code()
+    state = "it still runs" if code is None else f"it ended with code {code}"
+    failed = f"{holder.name}, {who}, {never} ({state}): {exc}"
     try:
         listing = deployment.listing()
     except (requests.RequestException, ValueError) as error:

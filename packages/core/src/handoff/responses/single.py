@@ -153,7 +153,7 @@ def send_fault(run: CaseRun, sent: Sent) -> faults.FaultReport:
     deployment, case, settings, deadline, history = run.parts
     if case.fault in DISCOVERY:
         return discovery_plane.send_fault(
-            case.fault, sent.holder, sent.inflight, deployment.pool, deadline, history
+            case.fault, sent.holder, sent.inflight, deployment, deadline, history
         )
     return recovery.send_fault(
         case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
