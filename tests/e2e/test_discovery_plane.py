@@ -113,7 +113,11 @@ def test_a_deployment_that_knows_one_member_of_three_fails_when_it_is_lost(
     monkeypatch.setattr(etcd.Cluster, "start", start)
     monkeypatch.setattr(Pool, "frontend_env", lambda pool: {"ETCD_ENDPOINTS": backend.first})
     reasons = failed(backend, "etcd_member_loss-completion-unary-tcp", tmp_path, records)
-    assert "after one etcd member was lost" in reasons
+    # The frontend ends itself at its lease's deadline: during the watch of new requests, or
+    # before it when the response was judged late (a loaded machine).
+    assert "after one etcd member was lost" in reasons or (
+        "the frontend stopped answering mid-case" in reasons and "its process exited" in reasons
+    )
 
 
 def test_without_etcd_its_cases_are_not_run_and_the_rest_run(tmp_path):
