@@ -314,10 +314,10 @@ KNOWN_RACES[("discovery", "etcd_restart")] = KnownDefect(
 #: decide: over 20 runs of the case alone it showed in 19 of 74 trials on vLLM's CPU engine
 #: (first at trial 1 to 11: benchmarks/RESULTS.md), and at 0.26 a trial, 24 trials all miss it
 #: with a probability of 0.74^24, about 0.08%. The cut-off worker's, which its premise decides:
-#: once. The frontend's after an etcd restart, which never showed at a fresh deployment's first
-#: restart and did at a later one in 8 of 13 (2026-12-06, the 4 nightly rows twice: at trial 2
-#: six times, 4 and 5): at 0.32 a trial (the lower end of 8 of 13's 95% interval), the 19
-#: after the first all miss it with a probability of 0.68^19, about 0.07%.
+#: once. The frontend's after an etcd restart, which never showed at a deployment's first
+#: restart and did at a later one in 12 of 18 trials (2026-12-06, 12 rows: at trial 2 nine
+#: times, 3, 4 and 5): at 0.32 a trial (below the low end of that rate's 95% interval, 0.44),
+#: the 19 after the first all miss it with a probability of 0.68^19, about 0.07%.
 RACE_TRIALS = {"worker_stall": 24, "partition": 1, "etcd_restart": 20}
 
 
