@@ -97,7 +97,7 @@ def test_a_joiner_listed_but_frozen_fails_the_case(tmp_path, monkeypatch):
     assert frozen == [w.name for w in held.workers], "the joiner was never listed and frozen"
     assert not result.verdict.passed
     joiner = next(e for e in result.history.events if e.name == "worker_joining").data["worker"]
-    said = f"{joiner}, started as the fault landed, never took a request: timed out waiting"
+    said = f"{joiner}, started as the fault landed, never took a request (it still runs): timed out"
     assert any(r.startswith(said) for r in result.verdict.reasons), result.verdict.reasons
     assert any("did not join mid-stream" in u for u in result.verdict.unproven)
 
