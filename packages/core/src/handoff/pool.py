@@ -3,26 +3,27 @@ one a case faulted replaced at once, while other cases run.
 
 A pool is one discovery store (a folder, or an etcd of its own: `machine.discovery`), NATS
 server (on the nats plane), model and set of workers for the cases that launch identical
-workers: the same backend, roles, request plane, discovery and `Backend.worker_variant`. A case draws every worker of the pool, exactly the instances its
-topology expects, and starts its own frontend on them (its policy, its counters from zero). A
-worker is handed out only when it is alive, registered, answering and holds no request. When
-the case ends, the worker it faulted is gone: its tree and ports are checked gone (a problem
-fails that case), its discovery entries are removed, so no frontend lists or routes to it, and
-a spare takes its place. A case that fails discards the pool.
+workers: the same backend, roles, request plane, discovery and `Backend.worker_variant`. A case
+draws every worker of the pool, exactly the instances its topology expects, and starts its own
+frontend on them (its policy, its counters from zero). A worker is handed out only when it is
+alive, registered, answering and holds no request. When the case ends, the worker it faulted is
+gone: its tree and ports are checked gone (a problem fails that case), its discovery entries
+are removed, so no frontend lists or routes to it, and a spare takes its place. A case that
+fails discards the pool.
 
-Spares (on the file store only): a spare worker of the role cases fault starts with a
-discovery folder of its own, so no frontend sees it while it waits (and the running case's
-frontend lists exactly its own workers). From the hand-over until it exits, a thread mirrors its folder into the pool's
-(`registrations.Mirror`): each entry is hard-linked there, so Dynamo's keep-alive, which
-touches the file in place, freshens both (measured on Dynamo 1.6.1, docs/known-issues.md); an
-entry it rewrites by rename is linked anew, and one it deletes (a drain) is deleted there, so a
-frontend sees it as it sees a worker started in the pool's folder. In a pool that keeps
-spares, the successor of the worker a case faulted starts as a spare the moment that worker is
-gone, in the background of the rest of the case; when the case ends the oldest spare takes its
-place. With no spare, the successor starts when the case has ended, and the next case waits
-for it. Where the run says how many cases a pool will serve (`Pools(planned=...)`), no spare
-or successor is started for a case that will not come: a pool of four aggregate cases with
-one spare starts five workers in all, not seven.
+Spares (on the file store only): a spare worker of the role cases fault starts with a discovery
+folder of its own, so no frontend sees it while it waits (and the running case's frontend lists
+exactly its own workers). From the hand-over until it exits, a thread mirrors its folder into
+the pool's (`registrations.Mirror`): each entry is hard-linked there, so Dynamo's keep-alive,
+which touches the file in place, freshens both (measured on Dynamo 1.6.1, docs/known-
+issues.md); an entry it rewrites by rename is linked anew, and one it deletes (a drain) is
+deleted there, so a frontend sees it as it sees a worker started in the pool's folder. In a
+pool that keeps spares, the successor of the worker a case faulted starts as a spare the moment
+that worker is gone, in the background of the rest of the case; when the case ends the oldest
+spare takes its place. With no spare, the successor starts when the case has ended, and the
+next case waits for it. Where the run says how many cases a pool will serve
+(`Pools(planned=...)`), no spare or successor is started for a case that will not come: a pool
+of four aggregate cases with one spare starts five workers in all, not seven.
 
 A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case and stopped.
 """
