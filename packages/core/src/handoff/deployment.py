@@ -107,10 +107,13 @@ class Deployment:
 
     @property
     def processes(self) -> list[ManagedProcess]:
-        """The processes serving this case: the pool's NATS, the drawn workers, the frontend."""
-        nats = [self.pool.nats] if self.pool.nats else []
-        workers = [w.process for w in self.workers]
-        return nats + ([self.frontend] if self.frontend else []) + workers
+        """The processes serving this case: the pool's NATS, the frontend, the drawn workers."""
+        return ([self.pool.nats] if self.pool.nats else []) + self.dynamo_processes
+
+    @property
+    def dynamo_processes(self) -> list[ManagedProcess]:
+        """Dynamo's processes of this case: its frontend and the drawn workers."""
+        return ([self.frontend] if self.frontend else []) + [w.process for w in self.workers]
 
     @property
     def ports(self) -> list[int]:

@@ -352,12 +352,7 @@ def partition_flows(holder: Worker) -> list[firewall.Flow]:
     connection it opened (its response streams to the frontend, its NATS client). All of them
     are on loopback."""
     keep = {holder.ports["system"], *etcd_ports(holder.process.env)}
-    sockets = []
-    for proc in holder.process.tree():
-        try:
-            sockets += proc.net_connections(kind="tcp")
-        except psutil.NoSuchProcess:
-            continue  # a helper that exited: its sockets went with it
+    sockets = tree_connections(holder.process)
     strangers = [c for c in sockets if c.raddr and not _on_loopback(c.raddr.ip)]
     if strangers:
         raise HandoffError(f"{holder.name} has connections off loopback: {strangers}")
@@ -370,6 +365,17 @@ def partition_flows(holder: Worker) -> list[firewall.Flow]:
             mine, theirs = (c.laddr.ip, c.laddr.port), (c.raddr.ip, c.raddr.port)
             flows += [firewall.Flow(*mine, *theirs), firewall.Flow(*theirs, *mine)]
     return flows
+
+
+def tree_connections(process: ManagedProcess) -> list:
+    """Every TCP connection of the process's tree, as psutil reads them."""
+    sockets = []
+    for proc in process.tree():
+        try:
+            sockets += proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue  # a helper that exited: its sockets went with it
+    return sockets
 
 
 def etcd_ports(env: dict[str, str]) -> set[int]:

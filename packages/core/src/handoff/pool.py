@@ -75,7 +75,7 @@ class PoolKey:
     @classmethod
     def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
         variant = (*backend.worker_variant(case), *faults.worker_tag(case.fault))
-        chosen = str(backend.setting("discovery") or "file")
+        chosen = str(backend.setting("discovery"))
         return cls(backend.name, roles, case.plane, variant, faults.discovery(case, chosen))
 
     @property
@@ -233,7 +233,7 @@ class Pool:
         launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         name = f"worker-{next(self._serial)}-{role}"
         env = {**launch.env, **faults.worker_env(self.case.fault)}
-        if spare and self.discovery.keeps_spares_unseen:
+        if spare and self.layout.keeps_spares_unseen:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
         if self.layout.pinned:
@@ -506,7 +506,7 @@ class Pools:
                 self.problems += [f"pool {last.name}: {p}" for p in self.discard(last)]
         if self.current is None:
             name = f"{self.tag}{next(POOL_SERIAL)}-{key.label}"
-            spares = backend.spare_workers(case) if key.discovery.kind == "file" else 0
+            spares = backend.spare_workers(case) if key.discovery.keeps_spares_unseen else 0
             planned = self.planned[key] if self.planned is not None else 0
             cases = min(planned, backend.distinct_prompts) if planned > 0 else None
             pool = Pool(backend, case, roles, self.folder / name, spares, cases, key.discovery)

@@ -10,7 +10,6 @@ its case has ended.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,12 @@ class Layout:
     pinned: bool = False
 
     @property
+    def keeps_spares_unseen(self) -> bool:
+        """Whether a worker can register where no frontend sees it until it is handed over: in
+        a folder of its own, on the file store only."""
+        return self.kind == "file"
+
+    @property
     def label(self) -> str:
         if self.kind == "file":
             return ""
@@ -43,8 +48,6 @@ CARDS, ENDPOINTS = "v1/mdc/", "v1/instances/"
 
 class Discovery(Protocol):
     kind: str
-    #: Whether a worker can register where no frontend sees it until it is handed over.
-    keeps_spares_unseen: bool
 
     def env(self) -> dict[str, str]: ...
 
@@ -58,7 +61,6 @@ class Discovery(Protocol):
 
 class FileDiscovery:
     kind = "file"
-    keeps_spares_unseen = True
 
     def __init__(self, store: Path) -> None:
         self.store = store
@@ -81,7 +83,6 @@ class EtcdDiscovery:
     """A pool's own etcd (`etcd.Cluster`), started by the pool."""
 
     kind = "etcd"
-    keeps_spares_unseen = False
 
     def __init__(self, cluster: etcd.Cluster) -> None:
         self.cluster = cluster
@@ -90,7 +91,7 @@ class EtcdDiscovery:
         return {"DYN_DISCOVERY_BACKEND": "etcd", **self.cluster.env()}
 
     def instance_ids(self, system_port: int) -> set[int]:
-        cards = [_json(value) for value, _ in self.cluster.entries(CARDS).values()]
+        cards = [registrations.parsed(value) for value, _ in self.cluster.entries(CARDS).values()]
         endpoints = {key.rsplit("/", 1)[-1] for key in self.cluster.entries(ENDPOINTS)}
         return registrations.served_from(cards, endpoints, system_port)
 
@@ -100,10 +101,3 @@ class EtcdDiscovery:
 
     def __str__(self) -> str:
         return f"etcd at {self.cluster.endpoints}"
-
-
-def _json(value: bytes) -> dict:
-    try:
-        return json.loads(value)
-    except ValueError:
-        return {}

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import requests
 
-from handoff.errors import CaseFailure, HandoffError
+from handoff.errors import CaseFailure
 from handoff.machine import ownership
+from handoff.machine.environment import require_binary
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.services import LOOPBACK
 from handoff.polling import Deadline, poll_until
@@ -39,13 +40,6 @@ FIX = "apt-get install etcd-server (as root), or run on --handoff-discovery file
 def missing() -> str | None:
     """Why etcd cannot run here, in one line that says the fix; None when it can."""
     return None if shutil.which("etcd") else f"etcd is not installed: {FIX}"
-
-
-def find_etcd() -> str:
-    found = shutil.which("etcd")
-    if found is None:
-        raise HandoffError(f"etcd is not on PATH: {FIX}")
-    return found
 
 
 class Unanswered(Exception):
@@ -108,7 +102,7 @@ class Cluster:
             member.data = ownership.own_folder(f"etcd-{member.client_port}")
         cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         argv = [
-            find_etcd(),
+            require_binary("etcd", FIX),
             "--name", member.name,
             "--data-dir", str(member.data),
             "--listen-client-urls", member.client_url,
@@ -142,18 +136,6 @@ class Cluster:
 
     def alive(self, member: Member) -> bool:
         return member.process is not None and member.process.exit_code() is None
-
-    def leader(self) -> Member:
-        """The member that leads, as the live members report it."""
-        ids = {
-            self.call(m, "/v3/maintenance/status", {})["header"]["member_id"]: m
-            for m in self.members
-            if self.alive(m)
-        }
-        leader = self.call(None, "/v3/maintenance/status", {}).get("leader")
-        if leader not in ids:
-            raise Unanswered(f"the etcd leader {leader} is none of the live members")
-        return ids[leader]
 
     def call(self, member: Member | None, path: str, body: dict) -> dict:
         """One gateway call to `member`, or to the live members last first (in a pinned layout

@@ -40,8 +40,16 @@ def _entries(store: Path, kind: str) -> list[Path]:
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):  # removed or half-written between listing and reading
+        return parsed(path.read_text())
+    except OSError:  # removed between listing and reading
+        return {}
+
+
+def parsed(entry: str | bytes) -> dict:
+    """An entry's JSON, or nothing where it is not JSON (half-written)."""
+    try:
+        return json.loads(entry)
+    except ValueError:
         return {}
 
 

@@ -39,7 +39,7 @@ from handoff.history import History
 from handoff.machine import etcd, firewall
 from handoff.machine.processes import ManagedProcess
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.pool import Pool
+from handoff.pool import Pool, stop_trees
 from handoff.responses import recovery
 from handoff.verdict import completion_problems
 
@@ -77,11 +77,11 @@ def send_fault(
 def inject(
     fault: str, holder: Worker, deployment: Deployment, inflight: InFlight, deadline: Deadline
 ) -> faults.FaultReport:
-    """lease_expiry: SIGKILL the holder's tree. lease_revoked: revoke its leases.
-    etcd_partition: drop every packet to and from the holder's own member (`Layout.pinned`)
-    and prove some dropped. etcd_member_loss, etcd_restart, etcd_loss: SIGKILL the leader, or
-    every member (then, for a restart, start them again on their data as late as every lease
-    allows: `OUTAGE_MARGIN_S`)."""
+    """lease_expiry: SIGKILL the holder's tree. lease_revoked: revoke its leases. etcd_partition:
+    drop every packet to and from the holder's own member (`Layout.pinned`) and prove some
+    dropped. etcd_member_loss, etcd_restart, etcd_loss: SIGKILL the member Dynamo's processes
+    hold most connections to (`most_connected`), or every member (then, for a restart, start
+    them again on their data as late as every lease allows: `OUTAGE_MARGIN_S`)."""
     pool = deployment.pool
     cluster = pool.etcd
     assert cluster is not None
@@ -107,11 +107,11 @@ def inject(
         members = list(cluster.members)
     killed = [m.process for m in members if m.process is not None]
     if fault != "etcd_restart":
-        _kill(killed, deadline)
+        _kill(killed)
         return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), done_before)
     lease_s = cluster.shortest_lease()  # read before the kill: what every lease allows
     killed_at = time.monotonic()
-    _kill(killed, deadline)
+    _kill(killed)
     _down_for(max(lease_s - OUTAGE_MARGIN_S, 0.0), deadline)
     cluster.restart(members, deadline)
     back_s = time.monotonic() - killed_at
@@ -130,9 +130,8 @@ def most_connected(cluster: etcd.Cluster, deployment: Deployment) -> etcd.Member
     would prove nothing: a failure."""
     ports = Counter(
         c.raddr.port
-        for process in dynamo_processes(deployment)
-        for proc in process.tree()
-        for c in _connections(proc)
+        for process in deployment.dynamo_processes
+        for c in faults.tree_connections(process)
         if c.raddr and c.status == psutil.CONN_ESTABLISHED
     )
     counts = {m.name: ports[m.client_port] for m in cluster.members}
@@ -142,13 +141,6 @@ def most_connected(cluster: etcd.Cluster, deployment: Deployment) -> etcd.Member
     return member
 
 
-def _connections(proc: psutil.Process) -> list:
-    try:
-        return proc.net_connections(kind="tcp")
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _down_for(seconds: float, deadline: Deadline) -> None:
     """The outage itself: etcd stays down `seconds`, the fault's length, not a wait for a
     condition."""
@@ -156,12 +148,10 @@ def _down_for(seconds: float, deadline: Deadline) -> None:
     poll_until(lambda: (True if outage.expired() else None, "down"), deadline, "the outage")
 
 
-def _kill(processes: list[ManagedProcess], deadline: Deadline) -> None:
-    for process in processes:
-        process.kill()
-    for process in processes:
-        if left := process.wait_gone(deadline.within(faults.HOLDER_TIMEOUT_S)):
-            raise CaseFailure(f"{process.name} still alive after SIGKILL: {left}")
+def _kill(processes: list[ManagedProcess]) -> None:
+    """SIGKILL etcd's members and wait until they are gone (`pool.stop_trees`)."""
+    if survivors := stop_trees(processes, []):
+        raise CaseFailure("; ".join(survivors))
 
 
 def aftermath(
@@ -199,7 +189,7 @@ def aftermath(
         serves = not problems
     if fault == "etcd_loss":
         bound_s = etcd.LEASE_TTL_S + EXIT_S
-        ended = dynamo_processes(deployment)
+        ended = deployment.dynamo_processes
         problems += exit_problems(ended, "etcd was lost", faulted_at, bound_s, history)
         serves = False
     if serves:
@@ -220,11 +210,6 @@ def unlisted_problems(
     except Timeout as exc:
         return [f"the frontend still listed {worker.name} {within_s:g} s after the fault ({exc})"]
     return []
-
-
-def dynamo_processes(deployment: Deployment) -> list[ManagedProcess]:
-    """The case's frontend and workers."""
-    return [p for p in [deployment.frontend, *(w.process for w in deployment.workers)] if p]
 
 
 def exit_problems(
@@ -316,6 +301,6 @@ def ended_after(deployment: Deployment, after: str) -> list[str]:
             )
     return [
         f"{p.name} had ended (code {p.exit_code()}) {after}"
-        for p in dynamo_processes(deployment)
+        for p in deployment.dynamo_processes
         if p.exit_code() is not None
     ]
