@@ -33,8 +33,9 @@ POLICIES = (
 #: lease_expiry: SIGKILL of the holder, whose lease must then run out by itself (no entry is
 #: removed for it); lease_revoked: the holder's lease revoked; etcd_partition: the holder cut
 #: off from etcd (nftables), healed once the frontend no longer lists it; etcd_member_loss:
-#: SIGKILL of the leader of three members; etcd_restart: SIGKILL of etcd, started again on its
-#: data within the leases; etcd_loss: SIGKILL of etcd for good.
+#: SIGKILL of the member of three that Dynamo's processes hold most connections to;
+#: etcd_restart: SIGKILL of etcd, started again on its data within the leases; etcd_loss:
+#: SIGKILL of etcd for good.
 DISCOVERY = (
     "lease_expiry",
     "lease_revoked",

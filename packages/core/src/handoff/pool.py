@@ -438,11 +438,14 @@ def stop_all(processes: list[ManagedProcess], leases: PortLeases) -> list[str]:
     return problems
 
 
-def stop_trees(processes: list[ManagedProcess], ports: list[int]) -> list[str]:
+def stop_trees(
+    processes: list[ManagedProcess], ports: list[int], deadline: Deadline | None = None
+) -> list[str]:
     """SIGKILL every tree at once, wait until all are gone and every port is free (a SIGKILLed
-    process frees its sockets as its threads exit); the problems found, each naming its holder."""
+    process frees its sockets as its threads exit), until `deadline` (default: the teardown's
+    own); the problems found, each naming its holder."""
     problems = []
-    deadline = Deadline(TEARDOWN_TIMEOUT_S)
+    deadline = deadline or Deadline(TEARDOWN_TIMEOUT_S)
     started = [p for p in reversed(processes) if p.popen is not None]
     for process in started:  # signal every tree first, then wait: they die in parallel
         process.kill()

@@ -41,7 +41,7 @@ def _entries(store: Path, kind: str) -> list[Path]:
 def _read(path: Path) -> dict:
     try:
         return parsed(path.read_text())
-    except OSError:  # removed between listing and reading
+    except (OSError, ValueError):  # removed, or cut mid-character, between listing and reading
         return {}
 
 

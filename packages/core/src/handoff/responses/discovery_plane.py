@@ -107,11 +107,11 @@ def inject(
         members = list(cluster.members)
     killed = [m.process for m in members if m.process is not None]
     if fault != "etcd_restart":
-        _kill(killed)
+        _kill(killed, deadline)
         return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), done_before)
     lease_s = cluster.shortest_lease()  # read before the kill: what every lease allows
     killed_at = time.monotonic()
-    _kill(killed)
+    _kill(killed, deadline)
     _down_for(max(lease_s - OUTAGE_MARGIN_S, 0.0), deadline)
     cluster.restart(members, deadline)
     back_s = time.monotonic() - killed_at
@@ -148,9 +148,9 @@ def _down_for(seconds: float, deadline: Deadline) -> None:
     poll_until(lambda: (True if outage.expired() else None, "down"), deadline, "the outage")
 
 
-def _kill(processes: list[ManagedProcess]) -> None:
+def _kill(processes: list[ManagedProcess], deadline: Deadline) -> None:
     """SIGKILL etcd's members and wait until they are gone (`pool.stop_trees`)."""
-    if survivors := stop_trees(processes, []):
+    if survivors := stop_trees(processes, [], deadline.within(faults.HOLDER_TIMEOUT_S)):
         raise CaseFailure("; ".join(survivors))
 
 
