@@ -12,7 +12,8 @@ import pytest
 from handoff import faults
 from handoff.backend import Shape
 from handoff.cases import Case
-from handoff.errors import CaseFailure
+from handoff.client import Chunk, Request, Response
+from handoff.errors import CaseFailure, MissedWindow
 from handoff.machine.pace import Pace
 from handoff.polling import Deadline
 from handoff.responses.single import Planned, Sent, cut_late, race_premise
@@ -20,11 +21,15 @@ from handoff.responses.waits import Settings
 
 
 class Stream:
-    """A response streaming `rate` tokens a second from its creation, up to `max_tokens`."""
+    """A response streaming `rate` tokens a second from its creation, up to `max_tokens`, which
+    ends as `ending` frames say once it has streamed them all."""
 
-    def __init__(self, rate: float, max_tokens: int) -> None:
+    def __init__(self, rate: float, max_tokens: int, ending: list[dict] | None = None) -> None:
         self.rate, self.max_tokens, self.began = rate, max_tokens, time.monotonic()
-        self.response = SimpleNamespace(summary=lambda: "HTTP 200, [DONE]")
+        self.request = Request("chat", True, "m", "p", max_tokens)
+        frames = ending if ending is not None else [whole(max_tokens)]
+        self.response = Response(200, chunks=[Chunk(0.0, f) for f in frames], done=True)
+        self.response.streamed = True
 
     def seen(self) -> int:
         return min(self.max_tokens, int(self.rate * (time.monotonic() - self.began)))
@@ -50,9 +55,26 @@ def test_the_rate_is_measured_before_the_rest_is_judged_by_it():
     assert time.monotonic() - began >= 0.5  # faults.RATE_WINDOW_S, whatever it is set to
 
 
-def test_a_response_that_ends_first_missed_the_fault_window():
+def whole(tokens: int) -> dict:
+    """The last frame of a response that ran to its length."""
+    done = {"delta": {"content": "t1"}, "finish_reason": "length"}
+    return {"choices": [done], "usage": {"completion_tokens": tokens}}
+
+
+def test_a_response_that_ends_complete_first_missed_the_fault_window():
+    """The harness waited past the response's end: its miss, not the system's failure."""
     stream = Stream(2000, 400)
-    with pytest.raises(CaseFailure, match=r"^missed the fault window: the response ended before"):
+    with pytest.raises(MissedWindow, match=r"^the response had ended complete before its last"):
+        faults.await_last_seconds(stream, stream.seen, 10_000, 0.01, "tokens", Deadline(5))
+
+
+def test_a_response_the_system_ends_short_before_any_fault_fails_it():
+    """A stream cut before any fault, with an error frame and no finish reason, is the system's
+    failure, named so; never a missed window."""
+    cut = [{"choices": [{"delta": {"content": "t1"}}]}, {"error": {"code": 500}}]
+    stream = Stream(2000, 400, ending=cut)
+    stream.response.error = {"message": "Internal server error", "code": 500}
+    with pytest.raises(CaseFailure, match=r"^the system ended the response before its last"):
         faults.await_last_seconds(stream, stream.seen, 10_000, 0.01, "tokens", Deadline(5))
 
 

@@ -9,8 +9,8 @@ from handoff.client import Chunk, Response
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import OUTCOMES
+from handoff.verdict import FAILED, NOT_PROVEN, PASSED, response_problems, transfer_problems
 from handoff.verdict import judge as judge_outcome
-from handoff.verdict import response_problems, transfer_problems
 
 MAX_TOKENS = 8
 SIGKILL = FaultReport("worker_failure", "worker-0", 1, ("SIGKILL",), False)
@@ -97,14 +97,27 @@ def test_missing_migration_fails_in_lower_bound_mode_too():
     assert "migration counter ongoing_request = 0, expected at least 1" in verdict.reasons
 
 
-def test_a_response_the_drained_worker_finished_before_the_kill_fails_the_case():
-    """Over before the SIGKILL and nothing counted: the drain finished it, the fault came late."""
+def test_a_response_the_drained_worker_finished_before_the_kill_is_a_missed_window():
+    """Over, complete, before the SIGKILL and nothing counted: the drain finished it, the fault
+    came late: the harness's miss, not proven, never the system's failure."""
     late = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM", "SIGKILL"), True)
     verdict = judge("migration_enabled", streamed(8), counts(0, 0, 0, 0, 0), late, 8, "exact")
-    assert any(
-        "had ended before SIGKILL reached worker-1, and the frontend counted no migration" in r
-        for r in verdict.reasons
+    assert verdict.outcome == NOT_PROVEN and verdict.reasons == []
+    (missed,) = verdict.unproven
+    assert missed.startswith(
+        "missed window: the response had ended complete before SIGKILL reached worker-1, and "
+        "the frontend counted no migration"
     )
+
+
+def test_a_response_cut_short_before_the_kill_is_judged_not_missed():
+    """Over before the SIGKILL, but with an error and no migration counted: the drain's own
+    outcome, judged against the policy (here a failure), never a missed window."""
+    late = FaultReport("drain_expired", "worker-1", 2, ("SIGTERM",), True)
+    cut = streamed(3, None, {"message": "Internal server error", "code": 500})
+    verdict = judge("migration_enabled", cut, counts(0, 0, 0, 0, 0), late, 8, "exact")
+    assert verdict.outcome == FAILED and verdict.unproven == []
+    assert any("counted no migration at all" in r for r in verdict.reasons)
 
 
 @pytest.mark.parametrize(
@@ -123,10 +136,12 @@ def test_a_request_handed_over_at_sigterm_passes_though_over_before_the_kill(
     assert judge(policy, response, counted, moved, 8, "exact").reasons == []
 
 
-def test_a_sigkill_after_the_response_ended_always_fails():
+def test_a_sigkill_after_the_response_ended_is_a_missed_window():
     late = FaultReport("worker_failure", "worker-1", 2, ("SIGKILL",), True)
     verdict = judge("migration_enabled", streamed(8), counts(), late, 8, "exact")
-    assert any("had ended before SIGKILL" in r for r in verdict.reasons)
+    assert verdict.outcome == PASSED  # a migration was counted: the fault reached the request
+    verdict = judge("migration_enabled", streamed(8), counts(0, 0, 0, 0, 0), late, 8, "exact")
+    assert verdict.unproven[0].startswith("missed window: the response had ended complete before")
 
 
 def test_a_prefill_fault_is_a_new_request_migration():
@@ -169,15 +184,15 @@ def test_transfer_evidence():
     assert "unproven" in transfer_problems(None, 0.42)[0]
 
 
-def test_a_response_the_drained_worker_finished_inside_the_bound_is_a_late_fault():
+def test_a_response_the_drained_worker_finished_inside_the_bound_is_a_missed_window():
     """The worker drained the request on SIGTERM and exited inside the bound: no forced
     disconnect came, so nothing was in flight to migrate. Not "the worker was not serving"."""
     drained = FaultReport("graceful_shutdown", "worker-1", 2, ("SIGTERM",), False, True)
     verdict = judge("migration_enabled", streamed(8), counts(0, 0, 0, 0, 0), drained, 8, "exact")
-    assert not verdict.passed
-    assert any("finished during the graceful bound, before the forced disconnect" in r
-               for r in verdict.reasons)  # fmt: skip
-    assert not any("was not serving the request" in r for r in verdict.reasons)
+    assert verdict.outcome == NOT_PROVEN and verdict.reasons == []
+    assert verdict.unproven[0].startswith(
+        "missed window: the response had ended complete in the graceful bound after SIGTERM"
+    )
 
 
 def test_only_a_stream_must_end_with_done():

@@ -92,6 +92,8 @@ PAST_LEASE = "stall_past_lease"
 STALLS = ("worker_stall", PAST_LEASE)
 #: The faults that leave the worker alive but silent to the frontend, until they are healed.
 SILENT = (*STALLS, "partition")
+#: The faults that SIGTERM the worker and let it drain: the request runs on meanwhile.
+DRAINS = ("graceful_shutdown", "drain_expired")
 #: The faults of the NATS broker, not of a worker.
 BROKER = ("broker_stall", "broker_loss")
 #: What no topology allows, each with why.

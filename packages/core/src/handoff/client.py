@@ -398,3 +398,24 @@ class InFlight:
         self.response.closed_by_client = True
         self._http.raw.connection.sock.shutdown(socket.SHUT_RDWR)
         return time.monotonic()
+
+
+def completion_problems(response: Response, tokens: int, finish: str = "length") -> list[str]:
+    """A whole response: HTTP 200, no error frame, its `finish` reason, `tokens` counted in its
+    usage, and a stream's closing frame."""
+    if response.exception:
+        return [f"the response did not complete: {response.exception}"]
+    if response.status != 200:
+        return [f"expected a complete response, got HTTP {response.status}: {response.error}"]
+    problems = []
+    if response.error is not None:
+        problems.append(f"the stream carried an error frame: {response.error}")
+    if response.finish_reason != finish:
+        problems.append(f"finish_reason {response.finish_reason!r}, expected {finish!r}")
+    if response.completion_tokens != tokens:
+        problems.append(
+            f"{response.completion_tokens} completion tokens in usage, expected {tokens}"
+        )
+    if response.streamed and not response.done:
+        problems.append("the stream ended without its closing data: [DONE] frame")
+    return problems

@@ -7,3 +7,13 @@ class HandoffError(Exception):
 
 class CaseFailure(Exception):
     """The system under test did something that fails the case; the message is the reason."""
+
+
+#: How the reason of a case not proven for a late fault begins: benchmarks/flake.py counts by it.
+MISSED_WINDOW = "missed window"
+
+
+class MissedWindow(Exception):
+    """The harness's fault came after the request it aimed at had ended, or a premise of the
+    case was not met: nothing is known of the system's promise, so the case is not proven
+    (`faults.require_room`), never failed; the message says what was late, and by how much."""

@@ -1,4 +1,23 @@
-"""Finding the worker that holds the request, proving it is in flight, and faulting it."""
+"""Finding the worker that holds the request, proving it is in its window, and faulting it.
+
+A fault lands while its request is in flight, by construction; where it could not, the case
+says it missed its window, which is the harness's miss, never the system's failure.
+
+Three rules make the window certain on a machine of any speed:
+- **Room before the fault** (`require_room`): a fault that lets the holder run on for a while
+  (a drain's graceful bound, its drain timeout) is sent only while the request has that long
+  left, plus twice the harness's lag measured on the case (its last reading of the holder), as
+  a machine twice as slow would need. Else it is not sent.
+- **Held at the fault** (`inject`): a fault that ends, stops or cuts the holder, or the
+  broker under it, is made while every thread of the holder is stopped, so nothing it holds
+  can end between the proof and the fault, however late the harness is.
+- **Proven at the confirmation** (`Watch.outside`): at that moment the request is still open
+  (and, in a prefill window, has no token out).
+
+A response that ended complete, or left its prefill worker, before its fault is a
+`MissedWindow`: not proven, counted apart, with the timeline. One that the system ended
+otherwise (an error, a short answer) before any fault is the system's failure, named so.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +26,15 @@ import ipaddress
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import psutil
 
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, DISCOVERY_PLANE, ENGINE, STALLS, Case
-from handoff.client import InFlight
-from handoff.errors import CaseFailure, HandoffError
+from handoff.cases import BROKER, DISCOVERY_PLANE, DRAINS, ENGINE, STALLS, Case
+from handoff.client import InFlight, completion_problems
+from handoff.errors import CaseFailure, HandoffError, MissedWindow
 from handoff.machine import etcd, firewall
 from handoff.machine.discovery import FILE, Layout
 from handoff.machine.processes import ManagedProcess
@@ -73,12 +92,78 @@ ENGINE_NOTICE_S = 2.0 + 10.0
 ENGINE_EXIT_S = ENGINE_NOTICE_S + 10.0 + 15.0
 
 
+#: The harness's lag measured on this run, as a machine twice as slow would have it.
+LAG_SLOWER_BY = 2.0
+#: What no reading measures: a signal's delivery, the scheduler's tick.
+FLOOR_S = 0.25
+
+
+def ended_before(inflight: InFlight, when: str) -> Exception:
+    """A response over before its fault (`when` says which moment): a missed window where it
+    completed as its request asks, the system's failure otherwise."""
+    response = inflight.response
+    if completed(inflight):
+        return MissedWindow(f"the response had ended complete {when}: {response.summary()}")
+    return CaseFailure(
+        f"the system ended the response {when}, before any fault reached it: {response.summary()}"
+    )
+
+
+def completed(inflight: InFlight) -> bool:
+    """Whether the response ended whole, as its request asks (`verdict.completion_problems`)."""
+    tokens, finish = inflight.request.ends
+    return not completion_problems(inflight.response, tokens, finish)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One request a fault must land on while it is in its window: open, and, in a prefill
+    window (`tokens_out` given), with no token out yet."""
+
+    inflight: InFlight
+    tokens_out: Callable[[], int] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.inflight.finished
+
+    def outside(self, when: str) -> Exception | None:
+        """Why the request is no longer in its window `when`, or None while it is."""
+        if self.inflight.finished:
+            return ended_before(self.inflight, when)
+        if self.tokens_out is not None and (out := self.tokens_out()):
+            return MissedWindow(
+                f"{out} token(s) were out {when}: the prefill had ended, and the request with "
+                f"it: {self.inflight.response.summary()}"
+            )
+        return None
+
+
+def require_room(remaining_s: float | None, wait_s: float, lag_s: float, fault: str) -> str:
+    """Before a fault that lets the holder run for `wait_s`: the request must have that long
+    left and twice the harness's lag `lag_s` (and `FLOOR_S`), or the fault is not sent (a
+    missed window). `remaining_s` None: unknown, and nothing to hold the fault to. Says what
+    was found."""
+    need_s = wait_s + LAG_SLOWER_BY * lag_s + FLOOR_S
+    if remaining_s is None:
+        return f"{fault}: the request's time left is unknown"
+    if remaining_s < need_s:
+        raise MissedWindow(
+            f"{remaining_s:.2f} s of the request were left before {fault}, which needs "
+            f"{need_s:.2f} s ({wait_s:g} s its own wait, twice the {lag_s:.2f} s lag measured, "
+            f"{FLOOR_S:g} s): the fault was not sent"
+        )
+    return f"{remaining_s:.2f} s left, {need_s:.2f} s needed"
+
+
 class Watched(Protocol):
-    """What a fault must land before the end of: one response (`InFlight`), or a load case's
-    requests on the worker it faults."""
+    """What a fault must land before the end of: one response (`Watch`), or a load
+    case's requests on the worker it faults."""
 
     @property
     def finished(self) -> bool: ...
+
+    def outside(self, when: str) -> Exception | None: ...
 
 
 @dataclass(frozen=True)
@@ -109,11 +194,7 @@ def find_holder(
 
     def probe() -> tuple[Worker | None, str]:
         if inflight.finished:
-            raise CaseFailure(
-                f"missed the fault window: the response ended before any worker reported it "
-                f"in flight: "
-                f"{inflight.response.summary()}"
-            )
+            raise ended_before(inflight, "before any worker reported it in flight")
         try:
             holders = backend.holders(workers)
         except Unanswered as exc:
@@ -126,6 +207,15 @@ def find_holder(
     return poll_until(probe, deadline.within(HOLDER_TIMEOUT_S), "a worker to hold the request")
 
 
+@dataclass(frozen=True)
+class Proof:
+    """How the request was proven in its window, and the harness's lag measured on the way:
+    the seconds its last reading of the holder took (`require_room`)."""
+
+    how: str
+    lag_s: float
+
+
 def prove_in_flight(
     backend: Backend,
     holder: Worker,
@@ -135,8 +225,10 @@ def prove_in_flight(
     tokens_needed: int,
     what: str,
     deadline: Deadline,
-) -> str:
-    """Fail the case unless the request is provably in its fault window on `holder`, say how.
+) -> Proof:
+    """The request provably in its fault window on `holder`, or the case ends: a missed
+    window where the response ended complete or left its prefill first, the system's failure
+    where it ended otherwise.
 
     "decoding": wait until `tokens_needed` tokens are out while the response is open.
     "prefill": no token may be out yet. Either way `holder` must still report the request
@@ -145,33 +237,31 @@ def prove_in_flight(
 
     def probe() -> tuple[int | None, str]:
         if inflight.finished:
-            raise CaseFailure(
-                f"missed the fault window: the response ended before {tokens_needed} {what}: "
-                f"{inflight.response.summary()}"
-            )
+            raise ended_before(inflight, f"before {tokens_needed} {what}")
         seen = tokens_seen()
         return (seen if seen >= tokens_needed else None), f"{seen} {what}"
 
     if window == "prefill":
-        seen = tokens_seen()
-        if seen:
-            raise CaseFailure(
-                f"missed the fault window: {seen} {what} before the fault, which must land "
-                f"during prefill, before the first token"
+        if seen := tokens_seen():
+            raise MissedWindow(
+                f"{seen} {what} before the fault, which must land during prefill, before the "
+                f"first token"
             )
     else:
         seen = poll_until(probe, deadline, f"{tokens_needed} {what}")
+    asked = time.monotonic()
     still_held = once_answered(
         lambda: holder in backend.holders([holder]),
         deadline.within(HOLDER_TIMEOUT_S),
         f"{holder.name} to say whether it still holds the request",
     )
-    if inflight.finished or not still_held:
-        raise CaseFailure(
-            f"missed the fault window: the request was no longer in flight on {holder.name} "
-            f"(worker reports it: {still_held}; response: {inflight.response.summary()})"
-        )
-    return f"{seen} {what}, response open, {holder.name} reports it in flight"
+    lag_s = time.monotonic() - asked
+    if inflight.finished:
+        raise ended_before(inflight, f"while {holder.name} was asked for it")
+    if not still_held:
+        gone = f"{holder.name} no longer reports the request, open: {inflight.response.summary()}"
+        raise MissedWindow(gone) if window == "prefill" else CaseFailure(gone)
+    return Proof(f"{seen} {what}, response open, {holder.name} reports it in flight", lag_s)
 
 
 def await_last_seconds(
@@ -189,10 +279,7 @@ def await_last_seconds(
 
     def probe() -> tuple[str | None, str]:
         if inflight.finished:
-            raise CaseFailure(
-                f"missed the fault window: the response ended before its last {seconds:g} s: "
-                f"{inflight.response.summary()}"
-            )
+            raise ended_before(inflight, f"before its last {seconds:g} s")
         seen, elapsed = tokens_seen(), time.monotonic() - since
         rate = (seen - first) / elapsed if elapsed >= RATE_WINDOW_S else 0.0
         rest = max_tokens - seen
@@ -205,72 +292,102 @@ def await_last_seconds(
 def inject(
     fault: str,
     holder: Worker,
-    inflight: Watched,
+    watched: Watched,
     graceful_bound_s: float,
     deadline: Deadline,
     broker: ManagedProcess | None = None,
 ) -> FaultReport:
-    """worker_failure: SIGKILL the tree. graceful_shutdown: SIGTERM the parent, then SIGKILL
-    whatever is left of the tree once the bound has passed. worker_stall, stall_past_lease:
-    SIGSTOP the tree and prove every thread stopped; it stays so until `heal`. drain_expired:
-    SIGTERM the parent and wait for the tree to exit by itself once its drain timeout has
-    passed. partition: drop
-    every packet of the tree's connections (`partition_flows`) and prove the rules dropped
-    some; they stay until `heal`. broker_stall, broker_loss: SIGSTOP `broker` (the deployment's
-    nats-server) and prove it stopped, or SIGKILL it and wait until it is gone. Whether the
-    response had already ended is read just before the last signal goes out."""
+    """worker_failure: SIGKILL the tree. worker_stall, stall_past_lease: SIGSTOP it; it stays so
+    until `heal`. partition: drop every packet of the tree's connections (`partition_flows`) and
+    prove the rules dropped some; they stay until `heal`. broker_stall, broker_loss: SIGSTOP
+    `broker` (the deployment's nats-server), or SIGKILL it and wait until it is gone. Each is
+    made with the holder held (`hold`): the request is in flight when it takes effect, by
+    construction. graceful_shutdown, drain_expired: `drain`."""
+    if fault in ENGINE:
+        return kill_engine(holder, watched, deadline)
+    if fault in DRAINS:
+        return drain(fault, holder, watched, graceful_bound_s, deadline)
+    process = holder.process
+    hold(holder, watched, FIRST_SIGNAL[fault], deadline)
+    signals = (FIRST_SIGNAL[fault],)
     if fault in BROKER:
         assert broker is not None, f"{fault} needs the deployment's nats-server"
-        return fault_broker(fault, broker, inflight, deadline.within(HOLDER_TIMEOUT_S))
-    if fault in ENGINE:
-        return kill_engine(holder, inflight, deadline)
+        try:
+            return fault_broker(fault, broker, deadline.within(HOLDER_TIMEOUT_S))
+        finally:
+            process.signal_tree(signal.SIGCONT)
+    if fault in STALLS:
+        return FaultReport(fault, holder.name, process.pid, signals, False)
+    if fault == "partition":
+        try:
+            cut = firewall.Cut(partition_flows(holder))  # removed at teardown, whatever happens
+        finally:
+            process.signal_tree(signal.SIGCONT)
+        prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
+        return FaultReport(fault, holder.name, process.pid, signals, False, cut=cut)
+    process.kill()
+    if left := process.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
+        raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
+    return FaultReport(fault, holder.name, process.pid, signals, False)
+
+
+def runs_on_for(fault: str, graceful_bound_s: float) -> float | None:
+    """How long `fault` lets the holder run on before its last signal, which the request must
+    outlast (`require_room`): a drain's graceful bound or drain timeout. None for a
+    fault made on a held holder (`hold`), which needs no room."""
+    return {"graceful_shutdown": graceful_bound_s, "drain_expired": DRAIN_TIMEOUT_S}.get(fault)
+
+
+def hold(holder: Worker, watched: Watched, what: str, deadline: Deadline) -> None:
+    """Stop every thread of the holder's tree, then prove its request still in its window
+    (`Watch.outside`); one that left it is a missed window (or the system's failure),
+    and the holder runs again."""
+    holder.process.freeze(deadline.within(HOLDER_TIMEOUT_S))
+    if missed := watched.outside(f"when {holder.name} was held for {what}"):
+        holder.process.signal_tree(signal.SIGCONT)
+        raise missed
+
+
+def drain(
+    fault: str, holder: Worker, watched: Watched, graceful_bound_s: float, deadline: Deadline
+) -> FaultReport:
+    """graceful_shutdown: SIGTERM the parent, then, once the bound has passed, hold the tree
+    and SIGKILL what is left of it. drain_expired: SIGTERM the parent and wait for the tree to
+    exit by itself once its drain timeout has passed. The worker drains on: whether the
+    response had ended by the last signal is read at that moment (`FaultReport`)."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
-    done_before = inflight.finished
-    finished_in_grace = False
-    if fault in STALLS:
-        process.freeze(deadline.within(HOLDER_TIMEOUT_S))
-        return FaultReport(fault, holder.name, process.pid, ("SIGSTOP",), done_before)
-    if fault == "partition":
-        cut = firewall.Cut(partition_flows(holder))  # removed at teardown, whatever happens
-        done_before = inflight.finished  # the rules are the signal: in place from here on
-        prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
-        signals = ("nftables drop",)
-        return FaultReport(fault, holder.name, process.pid, signals, done_before, cut=cut)
+    process.signal_tree(signal.SIGTERM, parent_only=True)
     if fault == "drain_expired":
-        process.signal_tree(signal.SIGTERM, parent_only=True)
         if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
             raise CaseFailure(
                 f"{holder.name} was still running {DRAIN_TIMEOUT_S + DRAIN_EXIT_S:g} s after "
                 f"SIGTERM, its drain timeout {DRAIN_TIMEOUT_S} s: {left}"
             )
-        return FaultReport(fault, holder.name, process.pid, ("SIGTERM",), done_before)
-    if fault == "worker_failure":
-        process.signal_tree(signal.SIGKILL)
-        signals: tuple[str, ...] = ("SIGKILL",)
-    else:
-        process.signal_tree(signal.SIGTERM, parent_only=True)
-        signals = ("SIGTERM",)
-        if process.wait_gone(deadline.within(graceful_bound_s)):
-            done_before = inflight.finished
-            process.signal_tree(signal.SIGKILL)
-            signals = ("SIGTERM", "SIGKILL")
-        else:
-            finished_in_grace = inflight.finished
-    left = process.wait_gone(deadline.within(HOLDER_TIMEOUT_S))
-    if left:
-        raise CaseFailure(f"{holder.name} still alive after {'+'.join(signals)}: {left}")
-    return FaultReport(fault, holder.name, process.pid, signals, done_before, finished_in_grace)
+        return FaultReport(fault, holder.name, process.pid, ("SIGTERM",), watched.finished)
+    if not process.wait_gone(deadline.within(graceful_bound_s)):
+        gone = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
+        return replace(gone, finished_in_grace=watched.finished)
+    process.freeze(deadline.within(HOLDER_TIMEOUT_S))
+    done_before = watched.finished
+    process.kill()
+    if left := process.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
+        raise CaseFailure(f"{holder.name} still alive after SIGTERM+SIGKILL: {left}")
+    return FaultReport(fault, holder.name, process.pid, ("SIGTERM", "SIGKILL"), done_before)
 
 
-def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultReport:
-    """SIGKILL the engine core of `holder` alone: the worker process that registered with the
-    frontend is left running. Dynamo 1.6.1's worker then ends itself once it sees its engine
-    dead (its engine monitor, or the request that raised); one that outlives ENGINE_EXIT_S
-    stays listed with no engine to serve (Dynamo issues 2698, 14657), and fails the case."""
+def kill_engine(holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
+    """SIGKILL the engine core of `holder` alone, stopped first and its request proven in its
+    window: the worker process that registered with the frontend is left running. Dynamo
+    1.6.1's worker then ends itself once it sees its engine dead (its engine monitor, or the
+    request that raised); one that outlives ENGINE_EXIT_S stays listed with no engine to serve
+    (Dynamo issues 2698, 14657), and fails the case."""
     engine = engine_core(holder)
-    done_before = inflight.finished
     try:
+        engine.send_signal(signal.SIGSTOP)
+        if missed := watched.outside(f"when {holder.name}'s engine core was stopped"):
+            engine.send_signal(signal.SIGCONT)
+            raise missed
         engine.kill()
     except psutil.NoSuchProcess:
         raise CaseFailure(
@@ -293,7 +410,7 @@ def kill_engine(holder: Worker, inflight: Watched, deadline: Deadline) -> FaultR
             f"itself: a crash, not the worker's own shutdown"
         )
     return FaultReport(
-        "engine_failure", holder.name, engine.pid, ("SIGKILL",), done_before,
+        "engine_failure", holder.name, engine.pid, ("SIGKILL",), False,
         engine_killed_at=killed_at,
     )  # fmt: skip
 
@@ -321,18 +438,14 @@ def faulted_process(fault: str, holder: Worker, broker: ManagedProcess | None) -
     return broker if fault in BROKER and broker else holder.process
 
 
-def fault_broker(
-    fault: str, broker: ManagedProcess, inflight: Watched, deadline: Deadline
-) -> FaultReport:
-    done_before = inflight.finished
+def fault_broker(fault: str, broker: ManagedProcess, deadline: Deadline) -> FaultReport:
     if fault == "broker_stall":
         broker.freeze(deadline)
     else:
         broker.kill()
         if left := broker.wait_gone(deadline):
             raise CaseFailure(f"{broker.name} still alive after SIGKILL: {left}")
-    signals = (FIRST_SIGNAL[fault],)
-    return FaultReport(fault, broker.name, broker.pid, signals, done_before)
+    return FaultReport(fault, broker.name, broker.pid, (FIRST_SIGNAL[fault],), False)
 
 
 def heal(holder: Worker, fault: FaultReport) -> None:

@@ -36,6 +36,13 @@ class History:
         """Every event in time order (a stable sort: simultaneous ones keep their order)."""
         return sorted(self.events, key=lambda e: e.at)
 
+    def moments(self, names: tuple[str, ...]) -> str:
+        """When each of `names` first happened, in seconds from the start, those reached."""
+        first: dict[str, float] = {}
+        for event in self.timeline():
+            first.setdefault(event.name, event.at)
+        return ", ".join(f"{name} at {first[name]:.2f} s" for name in names if name in first)
+
     @property
     def phase(self) -> str:
         return self.events[-1].name if self.events else "not started"

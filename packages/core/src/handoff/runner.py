@@ -13,7 +13,7 @@ import requests
 from handoff.backend import Backend
 from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure, HandoffError
+from handoff.errors import MISSED_WINDOW, CaseFailure, HandoffError, MissedWindow
 from handoff.history import History
 from handoff.machine import start_gate
 from handoff.machine.interrupts import interruptible
@@ -28,7 +28,7 @@ from handoff.responses.waits import (
     fault_env,
     sized_for_queues,
 )
-from handoff.verdict import FAILED, Verdict
+from handoff.verdict import FAILED, Verdict, missed_window
 
 #: How long a frontend that stopped answering is given to finish exiting, to tell the two apart.
 EXIT_WAIT_S = 1.0
@@ -41,6 +41,10 @@ class CaseResult:
     seconds: float
     folder: Path
     history: History
+
+
+#: The moments a missed window is told with (`faults.hold`).
+WINDOW_MOMENTS = ("request_sent", "holder_found", "in_flight_proven", "fault_sent")
 
 
 def run_case(
@@ -73,6 +77,11 @@ def run_case(
                 made, backend, case, folder, settings, deadline, history,
                 frontend_policy, roles, pools, frontend_env,
             )  # fmt: skip
+    except MissedWindow as exc:
+        # The harness was late, not the system: not proven, with the timeline it was late in.
+        missed = f"{MISSED_WINDOW}: {exc} ({history.moments(WINDOW_MOMENTS)})"
+        verdict = Verdict(False, [], history.phase, unproven=[missed])
+        history.record("window_missed", reason=str(exc))
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
         # reason; the next case still runs. When it was found goes in the timeline.
@@ -174,7 +183,12 @@ def concluded(
     step = owner.clock.stepped() if owner else None
     if step is not None:
         verdict = clock_stepped(verdict, step, history)
-    spoilt = step is not None or verdict.outcome == FAILED
+    # A missed window may leave a worker stopped or cut off: its pool goes, as a failure's.
+    spoilt = (
+        step is not None
+        or verdict.outcome == FAILED
+        or missed_window(verdict.reasons, verdict.unproven)
+    )
     if pools and made.pool and spoilt:
         # Its workers may hold the failure's state: no later case gets them; logs go with it.
         # A known upstream defect is not theirs: its pool goes on, as after a pass, and so

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from handoff.client import Response
+from handoff.client import Response, completion_problems
+from handoff.errors import MISSED_WINDOW
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import ApiError, KnownDefect, Outcome
@@ -58,6 +59,12 @@ class Verdict:
         head = "PASS" if outcome == PASSED else f"FAIL in {self.phase}"
         said = self.reasons + [f"not proven besides: {u}" for u in self.unproven]
         return head if not said else f"{head}: " + "; ".join(said)
+
+
+def missed_window(reasons: Sequence[str], unproven: Sequence[str]) -> bool:
+    """Whether a case is not proven because its fault came too late (`faults.require_room`):
+    nothing is known of the system then, its known defect included."""
+    return not reasons and any(u.startswith(MISSED_WINDOW) for u in unproven)
 
 
 def count_problems(expected: Outcome, counts: MigrationCounts, mode: str) -> list[str]:
@@ -146,27 +153,6 @@ def carries(response: Response, error: ApiError) -> bool:
     )
 
 
-def completion_problems(response: Response, tokens: int, finish: str = "length") -> list[str]:
-    """A whole response: HTTP 200, no error frame, its `finish` reason, `tokens` counted in its
-    usage, and a stream's closing frame."""
-    if response.exception:
-        return [f"the response did not complete: {response.exception}"]
-    if response.status != 200:
-        return [f"expected a complete response, got HTTP {response.status}: {response.error}"]
-    problems = []
-    if response.error is not None:
-        problems.append(f"the stream carried an error frame: {response.error}")
-    if response.finish_reason != finish:
-        problems.append(f"finish_reason {response.finish_reason!r}, expected {finish!r}")
-    if response.completion_tokens != tokens:
-        problems.append(
-            f"{response.completion_tokens} completion tokens in usage, expected {tokens}"
-        )
-    if response.streamed and not response.done:
-        problems.append("the stream ended without its closing data: [DONE] frame")
-    return problems
-
-
 def cache_problems(response: Response) -> list[str]:
     """A prompt the engine served from its prefix cache was not computed for this case (an
     earlier request left it there): where usage reports cached tokens, they must be 0."""
@@ -213,23 +199,20 @@ def judge(
     # the SIGKILL, and the frontend counted it. A response over before the last signal with no
     # migration counted is a fault that came too late: the request was not in flight.
     migrated = counts.moves
-    moved_at_sigterm = fault.signals[0] == "SIGTERM" and migrated
-    too_late = not migrated and (fault.response_done_at_kill or fault.finished_in_grace)
-    if too_late and fault.finished_in_grace:
-        problems.append(
-            f"the response finished during the graceful bound, before the forced disconnect: "
-            f"{fault.worker} completed it after SIGTERM and exited on its own, and the frontend "
-            f"counted no migration: the fault came too late (lower the graceful bound or raise "
-            f"the output length)"
+    ended_whole = not completion_problems(response, max_tokens, finish)
+    if not migrated and ended_whole and (fault.response_done_at_kill or fault.finished_in_grace):
+        # The harness's miss, not the system's failure (`faults.require_room`).
+        sent = f"{fault.signals[-1]} reached {fault.worker}"
+        when = (
+            f"in the graceful bound after {sent}" if fault.finished_in_grace else f"before {sent}"
         )
-    elif fault.response_done_at_kill and not moved_at_sigterm:
-        problems.append(
-            f"the response had ended before {fault.signals[-1]} reached {fault.worker}, and "
-            f"the frontend counted no migration: the request was not in flight at the fault "
-            f"(raise the output length)"
+        missed = (
+            f"{MISSED_WINDOW}: the response had ended complete {when}, and the frontend "
+            f"counted no migration"
         )
+        return Verdict(False, list(evidence), "verdict", unproven=[missed, *unproven])
     problems += request_problems(expected, policy_name, response, max_tokens, True, finish)
-    if expected.ongoing_request + expected.new_request and not migrated and not too_late:
+    if expected.ongoing_request + expected.new_request and not migrated:
         problems.append(
             f"the frontend counted no migration at all: {fault.worker}, which was faulted, "
             f"was not serving the request"
@@ -249,10 +232,11 @@ def against_known_defect(
     defect hides no second failure; failed otherwise, a plain failure; passed, or not proven
     with no failure, it fails too, saying that the fix has arrived: no check made showed the
     defect; but not proven for a reason the defect calls its own check unmade
-    (`KnownDefect.unmade`), it stays not proven, which says nothing of a fix. `faulted`: the
+    (`KnownDefect.unmade`), or for a missed window, it stays not proven, which says nothing of
+    a fix. `faulted`: the
     worker the case faulted, where a reason about a request names the request's worker (a load
     case's)."""
-    if defect is None:
+    if defect is None or missed_window(verdict.reasons, verdict.unproven):
         return verdict
     if not verdict.reasons and defect.unmade_by(verdict.unproven):
         verdict.notes = [*verdict.notes, f"{defect.issue} was expected to fail it: not shown"]

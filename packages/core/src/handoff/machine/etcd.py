@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,10 @@ class Cluster:
     ) -> None:
         self.members = members
         self._spawn = spawn
+        #: The longest its members took from their start to a healthy cluster, measured at
+        #: each start: how soon a restart can be back (`discovery_plane.OUTAGE_MARGIN_S`).
+        self.slowest_start_s = 0.0
+        self._started_at = 0.0
 
     @property
     def endpoints(self) -> str:
@@ -113,6 +118,7 @@ class Cluster:
             "--initial-cluster-state", state,
         ]  # fmt: skip
         member.process = self._spawn(member.name, argv)
+        self._started_at = time.monotonic()
 
     def wait_ready(self, deadline: Deadline) -> None:
         """Until every member says it is healthy (it has a leader); a member that exited fails
@@ -127,6 +133,7 @@ class Cluster:
             return (None if sick else True), f"not healthy yet: {', '.join(sick)}"
 
         poll_until(probe, deadline.within(READY_TIMEOUT_S), "etcd to have a leader")
+        self.slowest_start_s = max(self.slowest_start_s, time.monotonic() - self._started_at)
 
     def restart(self, members: list[Member], deadline: Deadline) -> None:
         """Start `members` again on their data, and wait until every member is healthy."""

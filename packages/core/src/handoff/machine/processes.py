@@ -132,7 +132,8 @@ class ManagedProcess:
         """SIGSTOP the tree and wait until every thread of it is stopped. kill() returns once
         the signal is queued: on a busy machine the thread chosen to stop the group may wait for
         a core while another thread, already running, still answers a request."""
-        self.signal_tree(signal.SIGSTOP)
+        self.stop_now()
+        self.signal_tree(signal.SIGSTOP)  # a descendant not seen before
 
         def probe() -> tuple[bool | None, str]:
             running = [
@@ -144,6 +145,17 @@ class ManagedProcess:
             return (None if running else True), "; ".join(running[:3])
 
         poll_until(probe, deadline, f"every thread of {self.name} (pid {self.pid}) to stop")
+
+    def stop_now(self, sig: signal.Signals = signal.SIGSTOP) -> None:
+        """`sig` to the group and to every process of the tree seen so far, before any look at
+        /proc for others: on a busy machine listing its processes takes seconds, in which a
+        running worker would end what it holds."""
+        if self._owns_group():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+        for proc in list(self._known.values()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
 
     def wait_gone(self, deadline: Deadline) -> list[psutil.Process]:
         """Wait until the whole tree has exited (and is reaped); return what is alive at the end."""
@@ -160,10 +172,8 @@ class ManagedProcess:
 
     def kill(self) -> None:
         """SIGKILL the tree and its process group; `wait_gone` then waits for them."""
-        self.tree()
-        if self._owns_group():
-            with contextlib.suppress(ProcessLookupError):  # an empty group: nothing left
-                os.killpg(self.pid, signal.SIGKILL)  # its own group: start_new_session
+        self.tree()  # remember the descendants before the parent can orphan them
+        self.stop_now(signal.SIGKILL)
         self.signal_tree(signal.SIGKILL)
 
     def exit_code_within(self, seconds: float) -> int | None:

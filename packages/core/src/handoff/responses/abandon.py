@@ -14,7 +14,6 @@ from handoff.backend import Worker
 from handoff.cases import ABANDONS, STALLS, Case, topology
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure
 from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.policies import expected_outcome
@@ -153,10 +152,11 @@ def lead_up(
         backend, holder, inflight, chunks, where.fault_window, settings.in_flight_tokens,
         "streamed content chunks", deadline,
     )  # fmt: skip
-    history.record("in_flight_proven", how=proof)
+    history.record("in_flight_proven", how=proof.how)
     heal = None
     if first := ABANDONS[case.fault]:
-        report = recovery.send_fault(first, holder, inflight, settings, deadline, None, history)
+        watched = faults.Watch(inflight)
+        report = recovery.send_fault(first, holder, watched, settings, deadline, None, history)
         recovery.record_fault(deployment, holder, report, history)
         heal = recovery.Heal(holder, report, history) if first in STALLS else None
     if case.fault == "close_after_move":  # the client leaves once the successor streams it
@@ -166,12 +166,9 @@ def lead_up(
             backend, successor, inflight, chunks, where.fault_window,
             chunks() + settings.in_flight_tokens, "streamed content chunks", deadline,
         )  # fmt: skip
-        history.record("moved_in_flight", worker=successor.name, how=proof)
+        history.record("moved_in_flight", worker=successor.name, how=proof.how)
     if inflight.finished:
-        raise CaseFailure(
-            f"missed the window: the response ended before the client could leave it: "
-            f"{inflight.response.summary()}"
-        )
+        raise faults.ended_before(inflight, "before the client could leave it")
     return holder, heal
 
 

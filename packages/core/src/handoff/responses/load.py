@@ -17,7 +17,7 @@ from handoff.backend import Backend, Shape, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure
+from handoff.errors import CaseFailure, MissedWindow
 from handoff.history import History, resumption_s
 from handoff.machine.pace import Pace, paced
 from handoff.machine.worker_logs import received
@@ -66,6 +66,15 @@ class VictimWatch:
     @property
     def finished(self) -> bool:
         return any(h.inflight.finished for h in self.held)
+
+    def outside(self, when: str) -> Exception | None:
+        """Why a request the victim held left the fault's window `when`: the first that ended."""
+        ended = next((h for h in self.held if h.inflight.finished), None)
+        return (
+            None
+            if ended is None
+            else faults.ended_before(ended.inflight, f"{when} ({ended.label()})")
+        )
 
 
 @dataclass
@@ -248,17 +257,18 @@ def in_window(
     before: metrics.MigrationCounts,
     deadline: Deadline,
 ) -> None:
-    """A victim's request over before the last signal fails the case as a missed window, unless
-    the frontend counted a move for it at the SIGTERM (`handed_over_at_sigterm`)."""
+    """A victim's request over, complete, before the last signal is a missed window, unless
+    the frontend counted a move for it at the SIGTERM (`handed_over_at_sigterm`); one that
+    ended otherwise is judged with the rest."""
     if not (fault.response_done_at_kill or fault.finished_in_grace):
         return
-    ended = [h for h in victims if h.inflight.finished]
+    ended = [h for h in victims if h.inflight.finished and faults.completed(h.inflight)]
     url, model = deployment.base_url + "/metrics", deployment.model_name
-    if not handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
-        raise CaseFailure(
-            f"missed the fault window: {', '.join(h.label() for h in ended)} had ended "
-            f"before {fault.signals[-1]} reached {fault.worker}, and the frontend counted "
-            f"no move for them (raise the output length)"
+    if ended and not handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
+        raise MissedWindow(
+            f"{', '.join(h.label() for h in ended)} had ended complete before "
+            f"{fault.signals[-1]} reached {fault.worker}, and the frontend counted no move for "
+            f"them"
         )
 
 
@@ -433,8 +443,8 @@ def place(
     ids = {h.request.request_id: h for h in held}
 
     def probe() -> tuple[bool | None, str]:
-        if ended := [h.label() for h in held if h.inflight.finished]:
-            raise CaseFailure(f"missed the fault window: {', '.join(ended)} ended before the fault")
+        if ended := [h for h in held if h.inflight.finished]:
+            raise faults.ended_before(ended[0].inflight, f"({ended[0].label()}) while placed")
         seen = received(workers, set(ids))
         if twice := {i: w for i, w in seen.items() if len(w) > 1}:
             raise CaseFailure(f"requests received by more than one worker before a fault: {twice}")

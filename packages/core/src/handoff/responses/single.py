@@ -68,6 +68,10 @@ class Sent:
     proven_at: float = 0.0
     #: Problems of the topology's own proof made before the fault (the KV transfer).
     evidence: tuple[str, ...] = ()
+    #: What the fault must land on while it is in its window, and the harness's lag measured
+    #: on the way to it (`faults.require_room`).
+    watch: faults.Watch | None = None
+    lag_s: float = 0.0
 
 
 #: How many times the HTTP layer's window the request a cut-off worker lost must outlast for
@@ -111,6 +115,10 @@ def judged_once(run: CaseRun) -> Verdict:
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
     sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
+    if (wait_s := faults.runs_on_for(case.fault, settings.graceful_bound_s)) is not None:
+        left_s = time_left(deployment.backend, case, planned, sent)
+        room = faults.require_room(left_s, wait_s, sent.lag_s, case.fault)
+        history.record("window_room", how=room)
     fault = send_fault(run, sent)
     # An engine's death is the fault, not its worker's exit, which the user waited for too.
     faulted_at = fault.engine_killed_at or time.monotonic()
@@ -151,13 +159,32 @@ def send_fault(run: CaseRun, sent: Sent) -> faults.FaultReport:
     """The case's fault on the holder of its request: a worker's, the broker's, or the
     discovery plane's (`responses.discovery_plane`)."""
     deployment, case, settings, deadline, history = run.parts
+    assert sent.watch is not None
     if case.fault in DISCOVERY:
         return discovery_plane.send_fault(
-            case.fault, sent.holder, sent.inflight, deployment, deadline, history
+            case.fault, sent.holder, sent.watch, deployment, deadline, history
         )
     return recovery.send_fault(
-        case.fault, sent.holder, sent.inflight, settings, deadline, deployment.pool.nats, history
+        case.fault, sent.holder, sent.watch, settings, deadline, deployment.pool.nats, history
     )
+
+
+def time_left(backend: Backend, case: Case, planned: Planned, sent: Sent) -> float | None:
+    """How long the request has left now, at the faster of the pace it was measured at and the
+    backend's own (`Backend.nominal_response_s`); in a prefill window, what is left of the
+    backend's KV transfer. None where neither is known."""
+    since_s = time.monotonic() - sent.proven_at
+    if topology(case.topology).fault_window == "prefill":
+        floor_s = backend.kv_transfer_floor_s(case)
+        return None if floor_s is None else floor_s - (time.monotonic() - sent.sent_at)
+    left = planned.shape.max_tokens - sent.seen
+    rates = [r for r in (streamed_rate(sent), planned.pace and planned.pace.fastest) if r]
+    estimates = [left / rate for rate in rates]
+    whole_s = backend.nominal_response_s(case, replace(planned.shape, max_tokens=left))
+    start_s = backend.nominal_response_s(case, replace(planned.shape, max_tokens=0))
+    if whole_s is not None and start_s is not None:
+        estimates.append(whole_s - start_s)
+    return min(estimates) - since_s if estimates else None
 
 
 def streamed_rate(sent: Sent) -> float | None:
@@ -312,19 +339,48 @@ def send_and_prove(
         # Past the stop string's first token (the client sees none of it): every token the
         # frontend holds is in the re-issued context, so the move falls inside the match.
         needed += spanning(request)
+    bounded = proof_deadline(backend, case, planned, needed, deadline, history)
     proof = faults.prove_in_flight(
-        backend, holder, inflight, tokens_seen, where.fault_window, needed, what, deadline
+        backend, holder, inflight, tokens_seen, where.fault_window, needed, what, bounded
     )
+    how = proof.how
     if cut_late(case, backend):
         rest_s, response = settings.stream_timeout_s / 2, inflight.response
-        proof += "; then " + faults.await_last_seconds(
+        how += "; then " + faults.await_last_seconds(
             inflight, lambda: response.streamed_tokens, request.max_tokens, rest_s, "tokens",
             deadline,
         )  # fmt: skip
-    history.record("in_flight_proven", how=proof)
+    history.record("in_flight_proven", how=how, lag_s=round(proof.lag_s, 3))
     sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
     sent.evidence = tuple(transfer.evidence())
+    prefill = where.fault_window == "prefill"
+    sent.watch = faults.Watch(inflight, tokens_seen if prefill else None)
+    sent.lag_s = proof.lag_s
     return sent
+
+
+def proof_deadline(
+    backend: Backend,
+    case: Case,
+    planned: Planned,
+    needed: int,
+    deadline: Deadline,
+    history: History,
+) -> Deadline:
+    """How long the proof may wait for its `needed` tokens: `RESPONSE_SLOWER_BY` times what
+    they take at the backend's own speed, and `RESPONSE_FIXED_S`; or the bound the pace
+    measured gives them (`response_bound_s`); the case's deadline where neither is known. A
+    deployment that never streams is named then, not at the case's deadline."""
+    shape = replace(planned.shape, max_tokens=needed)
+    if planned.pace is not None:
+        bound_s = response_bound_s(shape, planned.pace)
+    elif (take_s := backend.nominal_response_s(case, shape)) is not None:
+        bound_s = RESPONSE_SLOWER_BY * take_s + RESPONSE_FIXED_S
+    else:
+        return deadline
+    bound_s = round(bound_s, 1)
+    history.record("proof_bound", seconds=bound_s)
+    return deadline.within(bound_s)
 
 
 def cut_late(case: Case, backend: Backend) -> bool:

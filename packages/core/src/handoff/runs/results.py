@@ -10,7 +10,7 @@ from typing import Any
 
 from handoff.errors import HandoffError
 from handoff.runner import CaseResult
-from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN, PASSED, outcome_of
+from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN, PASSED, missed_window, outcome_of
 
 #: The pytest user property that carries a case's record from an xdist worker to the controller.
 PROPERTY = "handoff_result"
@@ -181,6 +181,8 @@ def tally(cases: list[CaseRecord]) -> str:
     outcomes = [c.outcome for c in cases]
     passed, failed = outcomes.count(PASSED), outcomes.count(FAILED)
     unproven, defects = outcomes.count(NOT_PROVEN), outcomes.count(KNOWN_DEFECT)
+    missed = sum(1 for c in cases if missed_window(c.reasons, c.unproven))
     line = f"{len(cases)} cases: {passed} passed, {failed} failed"
     line += f", {unproven} not proven" if unproven else ""
+    line += f" ({missed} of them a missed window)" if missed else ""
     return line + (f", {defects} failed as known upstream defects" if defects else "")
