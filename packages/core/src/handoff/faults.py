@@ -103,7 +103,10 @@ def ended_before(inflight: InFlight, when: str) -> Exception:
     completed as its request asks, the system's failure otherwise."""
     response = inflight.response
     if completed(inflight):
-        return MissedWindow(f"the response had ended complete {when}: {response.summary()}")
+        ago = time.monotonic() - (response.finished_at or time.monotonic())
+        return MissedWindow(
+            f"the response had ended complete {when}, {ago:.2f} s earlier: {response.summary()}"
+        )
     return CaseFailure(
         f"the system ended the response {when}, before any fault reached it: {response.summary()}"
     )

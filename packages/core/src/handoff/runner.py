@@ -44,7 +44,10 @@ class CaseResult:
 
 
 #: The moments a missed window is told with (`faults.hold`).
-WINDOW_MOMENTS = ("request_sent", "holder_found", "in_flight_proven", "fault_sent")
+WINDOW_MOMENTS = (
+    "request_sent", "requests_sent", "holder_found", "in_flight_proven", "requests_placed",
+    "fault_sent", "response_finished",
+)  # fmt: skip
 
 
 def run_case(
@@ -78,9 +81,8 @@ def run_case(
                 frontend_policy, roles, pools, frontend_env,
             )  # fmt: skip
     except MissedWindow as exc:
-        # The harness was late, not the system: not proven, with the timeline it was late in.
-        missed = f"{MISSED_WINDOW}: {exc} ({history.moments(WINDOW_MOMENTS)})"
-        verdict = Verdict(False, [], history.phase, unproven=[missed])
+        # The harness was late, not the system: not proven.
+        verdict = Verdict(False, [], history.phase, unproven=[f"{MISSED_WINDOW}: {exc}"])
         history.record("window_missed", reason=str(exc))
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
@@ -103,6 +105,9 @@ def run_case(
         problems = teardown(made.deployment, history)
         if interrupted:
             history.write(folder / "history.json")
+    if missed_window(verdict.reasons, verdict.unproven):
+        # The harness was late, not the system: told with the timeline it was late in.
+        verdict.unproven[0] += f" ({history.moments(WINDOW_MOMENTS)})"
     if problems:
         verdict = Verdict(
             False, verdict.reasons + problems, verdict.phase, unproven=verdict.unproven

@@ -23,6 +23,7 @@ from handoff.responses.waits import (
     CLIENT_GRACE_S,
     CaseRun,
     Settings,
+    proof_deadline,
     record_response,
     settled_counts,
 )
@@ -103,7 +104,11 @@ def exercise_abandon(run: CaseRun) -> Verdict:
         "request_sent", api=case.api, stream=True, max_tokens=shape.max_tokens,
         request_id=request.request_id,
     )  # fmt: skip
-    holder, heal = lead_up(deployment, case, settings, inflight, targets, deadline, history)
+    needed = settings.in_flight_tokens
+    proving = proof_deadline(backend, case, shape, None, needed, deadline, history)
+    holder, heal = lead_up(
+        deployment, case, settings, inflight, targets, proving, deadline, history
+    )
     closed_at = inflight.close()
     history.record_at("client_closed", closed_at, chunks=inflight.response.content_chunks)
     try:
@@ -137,20 +142,21 @@ def lead_up(
     settings: Settings,
     inflight: InFlight,
     targets: list[Worker],
+    proving: Deadline,
     deadline: Deadline,
     history: History,
 ) -> tuple[Worker, recovery.Heal | None]:
-    """Everything before the client leaves: the holder found and proven in flight, then the
-    lifecycle's worker fault (none, a kill, a stall) and, after a kill, the successor proven to
-    hold the request; the response still open. The holder, and the stall's heal (None for the
-    other lifecycles)."""
+    """Everything before the client leaves: the holder found and proven in flight (by
+    `proving`), then the lifecycle's worker fault (none, a kill, a stall) and, after a kill,
+    the successor proven to hold the request; the response still open. The holder, and the
+    stall's heal (None for the other lifecycles)."""
     backend, where = deployment.backend, topology(case.topology)
     holder = faults.find_holder(backend, targets, inflight, deadline)
     history.record("holder_found", worker=holder.name, pid=holder.process.pid)
     chunks = lambda: inflight.response.content_chunks  # noqa: E731
     proof = faults.prove_in_flight(
         backend, holder, inflight, chunks, where.fault_window, settings.in_flight_tokens,
-        "streamed content chunks", deadline,
+        "streamed content chunks", proving,
     )  # fmt: skip
     history.record("in_flight_proven", how=proof.how)
     heal = None

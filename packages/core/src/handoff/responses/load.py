@@ -229,7 +229,10 @@ def hold_load(
     when they were proven placed."""
     backend, held = deployment.backend, loaded.held
     decoding_at_once = backend.decoding_at_once(case)
-    place(held, backend, loaded.targets, decoding_at_once, settings.in_flight_tokens, deadline)
+    needed = settings.in_flight_tokens
+    shape, pace = loaded.first_shape, loaded.pace
+    placing = waits.proof_deadline(backend, case, shape, pace, needed, deadline, history)
+    place(held, backend, loaded.targets, decoding_at_once, needed, placing)
     proven_at = time.monotonic()
     victim = busiest(held, loaded.targets)
     victims = [h for h in held if h.worker == victim.name]

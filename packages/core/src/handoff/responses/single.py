@@ -32,6 +32,7 @@ from handoff.responses.waits import (
     fault_wait,
     last_token,
     late_counts,
+    proof_deadline,
     record_response,
     reference_text,
     settled_counts,
@@ -339,7 +340,7 @@ def send_and_prove(
         # Past the stop string's first token (the client sees none of it): every token the
         # frontend holds is in the re-issued context, so the move falls inside the match.
         needed += spanning(request)
-    bounded = proof_deadline(backend, case, planned, needed, deadline, history)
+    bounded = proof_deadline(backend, case, planned.shape, planned.pace, needed, deadline, history)
     proof = faults.prove_in_flight(
         backend, holder, inflight, tokens_seen, where.fault_window, needed, what, bounded
     )
@@ -357,30 +358,6 @@ def send_and_prove(
     sent.watch = faults.Watch(inflight, tokens_seen if prefill else None)
     sent.lag_s = proof.lag_s
     return sent
-
-
-def proof_deadline(
-    backend: Backend,
-    case: Case,
-    planned: Planned,
-    needed: int,
-    deadline: Deadline,
-    history: History,
-) -> Deadline:
-    """How long the proof may wait for its `needed` tokens: `RESPONSE_SLOWER_BY` times what
-    they take at the backend's own speed, and `RESPONSE_FIXED_S`; or the bound the pace
-    measured gives them (`response_bound_s`); the case's deadline where neither is known. A
-    deployment that never streams is named then, not at the case's deadline."""
-    shape = replace(planned.shape, max_tokens=needed)
-    if planned.pace is not None:
-        bound_s = response_bound_s(shape, planned.pace)
-    elif (take_s := backend.nominal_response_s(case, shape)) is not None:
-        bound_s = RESPONSE_SLOWER_BY * take_s + RESPONSE_FIXED_S
-    else:
-        return deadline
-    bound_s = round(bound_s, 1)
-    history.record("proof_bound", seconds=bound_s)
-    return deadline.within(bound_s)
 
 
 def cut_late(case: Case, backend: Backend) -> bool:

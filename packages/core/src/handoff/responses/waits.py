@@ -16,6 +16,7 @@ from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
+from handoff.machine.pace import Pace, response_bound_s
 from handoff.policies import Outcome
 from handoff.polling import Deadline, Timeout, poll_until
 from handoff.verdict import count_problems, late_count_problems
@@ -358,3 +359,29 @@ def settled(
         return poll_until(probe, deadline.within(METRICS_SETTLE_S), "migration counters")
     except Timeout:
         return last[0]
+
+
+def proof_deadline(
+    backend: Backend,
+    case: Case,
+    shape: Shape,
+    pace: Pace | None,
+    needed: int,
+    deadline: Deadline,
+    history: History,
+) -> Deadline:
+    """How long a proof may wait for `needed` tokens of a request of `shape`:
+    `RESPONSE_SLOWER_BY` times what they take at the backend's own speed
+    (`Backend.nominal_response_s`), and `RESPONSE_FIXED_S`; or the bound the measured `pace`
+    gives them (`response_bound_s`); the case's deadline where neither is known. A deployment
+    that never streams is named then, not at the case's deadline."""
+    needing = replace(shape, max_tokens=needed)
+    if pace is not None:
+        bound_s = response_bound_s(needing, pace)
+    elif (take_s := backend.nominal_response_s(case, needing)) is not None:
+        bound_s = RESPONSE_SLOWER_BY * take_s + RESPONSE_FIXED_S
+    else:
+        return deadline
+    bound_s = round(bound_s, 1)
+    history.record("proof_bound", seconds=bound_s)
+    return deadline.within(bound_s)
