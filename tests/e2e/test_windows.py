@@ -55,18 +55,24 @@ def test_a_fault_held_back_until_its_request_ended_is_a_missed_window(
     assert "ended complete" in missed or "token(s) were out" in missed, missed
 
 
+def signalled_when_found(sig: signal.Signals, monkeypatch) -> None:
+    """The holder gets `sig` from outside the harness the moment the harness finds it: the
+    system's own doing (a crash, a hang), before any fault of the harness's."""
+    find = faults.find_holder
+
+    def signalling(*args, **kwargs):
+        holder = find(*args, **kwargs)
+        os.kill(holder.process.pid, sig)
+        return holder
+
+    monkeypatch.setattr(faults, "find_holder", signalling)
+
+
 def test_a_worker_that_dies_by_itself_before_any_fault_fails_the_case(tmp_path, monkeypatch):
     """The holder dies on its own (SIGKILLed from outside the harness, as a crash would) the
     moment it is found, before the fault: migration off, the system ends the stream with its
     error. That is the system's failure, named so: never a missed window."""
-    find = faults.find_holder
-
-    def crashing(*args, **kwargs):
-        holder = find(*args, **kwargs)
-        os.kill(holder.process.pid, signal.SIGKILL)
-        return holder
-
-    monkeypatch.setattr(faults, "find_holder", crashing)
+    signalled_when_found(signal.SIGKILL, monkeypatch)
     case = Case.from_id("migration_disabled-worker_failure-chat-stream-tcp", "aggregate")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S)
     verdict = result.verdict
@@ -80,14 +86,7 @@ def test_a_holder_that_never_streams_is_named_at_the_proofs_bound(tmp_path, monk
     """The holder stops (SIGSTOP, from outside the harness) the moment it is found: no token
     ever comes. The case fails once the proof's bound, computed from the mocker's own speed,
     has passed, naming what it waited for, long before the case's deadline."""
-    find = faults.find_holder
-
-    def stopping(*args, **kwargs):
-        holder = find(*args, **kwargs)
-        os.kill(holder.process.pid, signal.SIGSTOP)
-        return holder
-
-    monkeypatch.setattr(faults, "find_holder", stopping)
+    signalled_when_found(signal.SIGSTOP, monkeypatch)
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp", "aggregate")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S)
     (reason,) = result.verdict.reasons
