@@ -75,9 +75,10 @@ def main() -> int:
             said = ", ".join(f"{n} {what}" for what, n in sorted(seen.items()))
             print(f"run {run}/{args.runs}: exit {code}, {wall:.1f} s: {said}", flush=True)
             for case in cases:
-                if verdict_of(case) not in ("passed", "xfail"):
-                    why = "; ".join(case["reasons"] + case["unproven"])
-                    print(f"    {case['key']}: {verdict_of(case)}: {why}", flush=True)
+                if (outcome := verdict_of(case)) not in ("passed", "xfail"):
+                    # A reason's first line: the frontend's log that may follow is in its folder.
+                    why = "; ".join(r.splitlines()[0] for r in case["reasons"] + case["unproven"])
+                    print(f"    {case['key']}: {outcome}: {why}", flush=True)
     finally:
         if loop is not None:
             loop.terminate()

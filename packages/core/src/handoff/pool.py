@@ -191,7 +191,8 @@ class Pool:
     def _discovery(self) -> Discovery:
         if self.layout.kind == "file":
             return FileDiscovery(self.folder / "discovery")
-        self.etcd = etcd.Cluster(etcd.members(self.leases.take, self.layout.members), self._spawn)
+        members = etcd.members(self.leases.take, self.layout.members)
+        self.etcd = etcd.Cluster(members, self._spawn, self.layout.lease_s)
         return EtcdDiscovery(self.etcd)
 
     def restart_nats(self) -> None:

@@ -27,6 +27,8 @@ class Layout:
     kind: str = "file"
     members: int = 0
     pinned: bool = False
+    #: The lease etcd's processes are given (`ETCD_LEASE_TTL`).
+    lease_s: int = etcd.LEASE_TTL_S
 
     @property
     def keeps_spares_unseen(self) -> bool:
@@ -38,7 +40,8 @@ class Layout:
     def label(self) -> str:
         if self.kind == "file":
             return ""
-        return f"{self.kind}{self.members}{'-pinned' if self.pinned else ''}"
+        lease = f"-lease{self.lease_s}" if self.lease_s != etcd.LEASE_TTL_S else ""
+        return f"{self.kind}{self.members}{'-pinned' if self.pinned else ''}{lease}"
 
 
 FILE = Layout()

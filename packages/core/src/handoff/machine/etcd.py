@@ -79,10 +79,14 @@ class Cluster:
     """The members of one pool's etcd; `spawn` starts a named process the pool owns."""
 
     def __init__(
-        self, members: list[Member], spawn: Callable[[str, list[str]], ManagedProcess]
+        self,
+        members: list[Member],
+        spawn: Callable[[str, list[str]], ManagedProcess],
+        lease_s: int = LEASE_TTL_S,
     ) -> None:
         self.members = members
         self._spawn = spawn
+        self.lease_s = lease_s
         #: The longest its members took from their start to a healthy cluster, measured at
         #: each start: how soon a restart can be back (`discovery_plane.OUTAGE_MARGIN_S`).
         self.slowest_start_s = 0.0
@@ -94,7 +98,7 @@ class Cluster:
         return ",".join(m.client_url for m in self.members)
 
     def env(self) -> dict[str, str]:
-        return {"ETCD_ENDPOINTS": self.endpoints, "ETCD_LEASE_TTL": str(LEASE_TTL_S)}
+        return {"ETCD_ENDPOINTS": self.endpoints, "ETCD_LEASE_TTL": str(self.lease_s)}
 
     def start(self) -> None:
         for member in self.members:

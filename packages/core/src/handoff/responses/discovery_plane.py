@@ -90,30 +90,42 @@ def inject(
     if fault == "lease_expiry":
         killed = faults.inject("worker_failure", holder, watched, 0.0, deadline)
         return replace(killed, fault=fault)
-    done_before = watched.finished
     if fault == "lease_revoked":
         if not (ids := pool.instance_ids.get(holder.name)):
             raise CaseFailure(f"no instance id of {holder.name} is known: no lease to revoke")
         if ended := [i for i in sorted(ids) if not cluster.revoke(i)]:
             raise CaseFailure(f"{holder.name}'s lease(s) {ended} had ended before the revoke")
-        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), done_before)
+        done = watched.finished
+        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), done)
     if fault == "etcd_partition":
         port = pool.pinned[holder.name].client_port
         cut = firewall.Cut([firewall.Flow(dport=port), firewall.Flow(sport=port)])
+        done = watched.finished  # the rules are the fault: in place from here on
         faults.prove_cut(cut, holder, deadline.within(faults.CUT_PROOF_S))
         pid, signals = holder.process.pid, ("nftables drop",)
-        return faults.FaultReport(fault, holder.name, pid, signals, done_before, cut=cut)
-    if fault == "etcd_member_loss":
-        members = [most_connected(cluster, deployment)]
-    else:
-        members = list(cluster.members)
+        return faults.FaultReport(fault, holder.name, pid, signals, done, cut=cut)
+    members = [most_connected(cluster, deployment)] if fault == "etcd_member_loss" else None
+    return lose_etcd(fault, cluster, members or list(cluster.members), watched, deadline)
+
+
+def lose_etcd(
+    fault: str,
+    cluster: etcd.Cluster,
+    members: list[etcd.Member],
+    watched: faults.Watched,
+    deadline: Deadline,
+) -> faults.FaultReport:
+    """SIGKILL `members`; for a restart, start them again on their data as late as every lease
+    allows (`OUTAGE_MARGIN_S`). Whether the response had ended is read once they are gone."""
     killed = [m.process for m in members if m.process is not None]
     if fault != "etcd_restart":
         _kill(killed, deadline)
-        return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), done_before)
+        done = watched.finished
+        return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), done)
     lease_s = cluster.shortest_lease()  # read before the kill: what every lease allows
     killed_at = time.monotonic()
     _kill(killed, deadline)
+    done = watched.finished
     margin_s = max(OUTAGE_MARGIN_S, faults.LAG_SLOWER_BY * cluster.slowest_start_s)
     _down_for(max(lease_s - margin_s, 0.0), deadline)
     cluster.restart(members, deadline)
@@ -124,7 +136,7 @@ def inject(
             f"({lease_s} s): no restart within the leases"
         )
     signals = ("SIGKILL", f"started again, healthy {back_s:.1f} s after")
-    return faults.FaultReport(fault, "etcd", killed[0].pid, signals, done_before)
+    return faults.FaultReport(fault, "etcd", killed[0].pid, signals, done)
 
 
 def most_connected(cluster: etcd.Cluster, deployment: Deployment) -> etcd.Member:
@@ -191,7 +203,7 @@ def aftermath(
         problems += kept_serving(deployment, request, "after etcd came back", history)
         serves = not problems
     if fault == "etcd_loss":
-        bound_s = etcd.LEASE_TTL_S + EXIT_S
+        bound_s = deployment.pool.layout.lease_s + EXIT_S
         ended = deployment.dynamo_processes
         problems += exit_problems(ended, "etcd was lost", faulted_at, bound_s, history)
         serves = False
