@@ -23,6 +23,7 @@ handoff gives Dynamo (`etcd.LEASE_TTL_S`):
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections import Counter
 from dataclasses import replace
@@ -61,73 +62,87 @@ OUTAGE_MARGIN_S = 2.0
 PROBE_EVERY_S = 1.0
 
 
+def aimed(fault: str, deployment: Deployment) -> list[etcd.Member]:
+    """The etcd members `fault` kills, chosen before its request is sent (reading every
+    process's connections took 5 s on a loaded machine, in which the request ended): the one
+    Dynamo's processes hold most connections to (`most_connected`), every member, or none."""
+    cluster = deployment.pool.etcd
+    if cluster is None or fault not in ("etcd_member_loss", "etcd_restart", "etcd_loss"):
+        return []
+    if fault == "etcd_member_loss":
+        return [most_connected(cluster, deployment)]
+    return list(cluster.members)
+
+
 def send_fault(
     fault: str, holder: Worker, watched: faults.Watched, deployment: Deployment,
-    deadline: Deadline, history: History,
+    aimed_at: list[etcd.Member], deadline: Deadline, history: History,
 ) -> faults.FaultReport:  # fmt: skip
-    """Make `fault` on the deployment's etcd or on the lease of `holder`, recorded as sent."""
+    """Make `fault` on the deployment's etcd (its members `aimed_at`) or on the lease of
+    `holder`, recorded as sent."""
     pool = deployment.pool
     if pool.etcd is None:
         raise CaseFailure(f"{fault} needs a pool on etcd, and {pool.name} is on the file store")
     history.record("fault_sent", fault=fault, signal=faults.FIRST_SIGNAL[fault], worker=holder.name)
-    report = inject(fault, holder, deployment, watched, deadline)
+    if fault == "lease_expiry":
+        killed = faults.inject("worker_failure", holder, watched, 0.0, deadline)
+        report = replace(killed, fault=fault)
+    else:
+        faults.hold(holder, watched, faults.FIRST_SIGNAL[fault], deadline)
+        try:  # what every lease allows, read just before the kill
+            lease_s = pool.etcd.shortest_lease() if fault == "etcd_restart" else 0
+            killed_at = time.monotonic()
+            report = inject(fault, holder, pool, aimed_at, deadline)
+        finally:
+            holder.process.signal_tree(signal.SIGCONT)
+    if report.cut is not None:  # the holder's keep-alives, once it runs, meet the rules
+        faults.prove_cut(report.cut, holder, deadline.within(faults.CUT_PROOF_S))
+    if fault == "etcd_restart":
+        report = restarted(pool.etcd, aimed_at, report, lease_s, killed_at, deadline)
     history.record("discovery_faulted", on=report.worker, signals=list(report.signals))
     return report
 
 
 def inject(
-    fault: str, holder: Worker, deployment: Deployment, watched: faults.Watched,
-    deadline: Deadline,
-) -> faults.FaultReport:  # fmt: skip
-    """lease_expiry: SIGKILL the holder's tree. lease_revoked: revoke its leases. etcd_partition:
-    drop every packet to and from the holder's own member (`Layout.pinned`) and prove some
-    dropped. etcd_member_loss, etcd_restart, etcd_loss: SIGKILL the member Dynamo's processes
-    hold most connections to (`most_connected`), or every member (then, for a restart, start
-    them again on their data as late as every lease allows: `OUTAGE_MARGIN_S`)."""
-    pool = deployment.pool
+    fault: str, holder: Worker, pool: Pool, members: list[etcd.Member], deadline: Deadline
+) -> faults.FaultReport:
+    """Made on a held holder (`faults.hold`): lease_revoked: revoke its leases. etcd_partition:
+    drop every packet to and from the holder's own member (`Layout.pinned`); proven to drop
+    some once the holder runs again (`prove_cut`). etcd_member_loss, etcd_restart, etcd_loss:
+    SIGKILL `members` and wait until they are gone."""
     cluster = pool.etcd
     assert cluster is not None
-    if fault == "lease_expiry":
-        killed = faults.inject("worker_failure", holder, watched, 0.0, deadline)
-        return replace(killed, fault=fault)
     if fault == "lease_revoked":
         if not (ids := pool.instance_ids.get(holder.name)):
             raise CaseFailure(f"no instance id of {holder.name} is known: no lease to revoke")
         if ended := [i for i in sorted(ids) if not cluster.revoke(i)]:
             raise CaseFailure(f"{holder.name}'s lease(s) {ended} had ended before the revoke")
-        done = watched.finished
-        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), done)
+        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), False)
     if fault == "etcd_partition":
         port = pool.pinned[holder.name].client_port
         cut = firewall.Cut([firewall.Flow(dport=port), firewall.Flow(sport=port)])
-        done = watched.finished  # the rules are the fault: in place from here on
-        faults.prove_cut(cut, holder, deadline.within(faults.CUT_PROOF_S))
         pid, signals = holder.process.pid, ("nftables drop",)
-        return faults.FaultReport(fault, holder.name, pid, signals, done, cut=cut)
-    members = [most_connected(cluster, deployment)] if fault == "etcd_member_loss" else None
-    return lose_etcd(fault, cluster, members or list(cluster.members), watched, deadline)
+        return faults.FaultReport(fault, holder.name, pid, signals, False, cut=cut)
+    killed = [m.process for m in members if m.process is not None]
+    _kill(killed, deadline)
+    return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), False)
 
 
-def lose_etcd(
-    fault: str,
-    cluster: etcd.Cluster,
+def restarted(
+    cluster: etcd.Cluster | None,
     members: list[etcd.Member],
-    watched: faults.Watched,
+    report: faults.FaultReport,
+    lease_s: int,
+    killed_at: float,
     deadline: Deadline,
 ) -> faults.FaultReport:
-    """SIGKILL `members`; for a restart, start them again on their data as late as every lease
-    allows (`OUTAGE_MARGIN_S`). Whether the response had ended is read once they are gone."""
-    killed = [m.process for m in members if m.process is not None]
-    if fault != "etcd_restart":
-        _kill(killed, deadline)
-        done = watched.finished
-        return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), done)
-    lease_s = cluster.shortest_lease()  # read before the kill: what every lease allows
-    killed_at = time.monotonic()
-    _kill(killed, deadline)
-    done = watched.finished
+    """etcd_restart once its members were killed (at `killed_at`): start them again on their
+    data as late as every lease held at the kill allows (`lease_s`, less `OUTAGE_MARGIN_S`);
+    back past it, the case's premise went unmet: a missed window."""
+    assert cluster is not None
     margin_s = max(OUTAGE_MARGIN_S, faults.LAG_SLOWER_BY * cluster.slowest_start_s)
-    _down_for(max(lease_s - margin_s, 0.0), deadline)
+    down_s = lease_s - margin_s - (time.monotonic() - killed_at)
+    _down_for(max(down_s, 0.0), deadline)
     cluster.restart(members, deadline)
     back_s = time.monotonic() - killed_at
     if back_s >= lease_s:  # the case's premise, not the system's promise, went unmet
@@ -136,7 +151,7 @@ def lose_etcd(
             f"({lease_s} s): no restart within the leases"
         )
     signals = ("SIGKILL", f"started again, healthy {back_s:.1f} s after")
-    return faults.FaultReport(fault, "etcd", killed[0].pid, signals, done)
+    return replace(report, worker="etcd", signals=signals)
 
 
 def most_connected(cluster: etcd.Cluster, deployment: Deployment) -> etcd.Member:

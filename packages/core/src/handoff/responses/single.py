@@ -15,6 +15,7 @@ from handoff.client import DEFAULT_SAMPLING, InFlight, Request, Sampling
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
+from handoff.machine import etcd
 from handoff.machine.pace import Pace, paced, response_bound_s
 from handoff.policies import expected_outcome, known_defect, race_trials
 from handoff.polling import Deadline, Timeout, poll_until
@@ -115,12 +116,14 @@ def judged_once(run: CaseRun) -> Verdict:
     # Read now, so that only the case's own request counts, not the baseline's: the frontend
     # counts a prompt over --migration-max-seq-len when the request arrives.
     before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
+    # Chosen before the request is sent: reading every process's connections is slow.
+    aimed_at = discovery_plane.aimed(case.fault, deployment)
     sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
     if (wait_s := faults.runs_on_for(case.fault, settings.graceful_bound_s)) is not None:
         left_s = time_left(deployment.backend, case, planned, sent)
         room = faults.require_room(left_s, wait_s, sent.lag_s, case.fault)
         history.record("window_room", how=room)
-    fault = send_fault(run, sent)
+    fault = send_fault(run, sent, aimed_at)
     # An engine's death is the fault, not its worker's exit, which the user waited for too.
     faulted_at = fault.engine_killed_at or time.monotonic()
     recovery.record_fault(deployment, sent.holder, fault, history)
@@ -156,14 +159,14 @@ def judged_once(run: CaseRun) -> Verdict:
     return found
 
 
-def send_fault(run: CaseRun, sent: Sent) -> faults.FaultReport:
+def send_fault(run: CaseRun, sent: Sent, aimed_at: list[etcd.Member]) -> faults.FaultReport:
     """The case's fault on the holder of its request: a worker's, the broker's, or the
-    discovery plane's (`responses.discovery_plane`)."""
+    discovery plane's (`responses.discovery_plane`, on the etcd members `aimed_at`)."""
     deployment, case, settings, deadline, history = run.parts
     assert sent.watch is not None
     if case.fault in DISCOVERY:
         return discovery_plane.send_fault(
-            case.fault, sent.holder, sent.watch, deployment, deadline, history
+            case.fault, sent.holder, sent.watch, deployment, aimed_at, deadline, history
         )
     return recovery.send_fault(
         case.fault, sent.holder, sent.watch, settings, deadline, deployment.pool.nats, history
