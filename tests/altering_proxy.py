@@ -322,21 +322,21 @@ def through_proxy(patch: pytest.MonkeyPatch, mode: str | None) -> list[AlteringP
         proxies.append(AlteringProxy(base_url, mode))
         return client.InFlight(proxies[-1].url, request, read_timeout_s)
 
-    def from_a_still_stream(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
+    def from_a_still_stream(fault, holder, watched, graceful_bound_s, deadline, broker=None):
         proxy = proxies[-1]
         proxy.alter()
         holder.process.freeze(deadline)
 
         def still() -> tuple[bool | None, str]:
             status = proxy.status()
-            read, forwarded = inflight.response.content_chunks, status["forwarded"]
+            read, forwarded = watched.inflight.response.content_chunks, status["forwarded"]
             quiet = time.monotonic() - status["last_content_at"]
             seen = f"the client read {read} of {forwarded} content frames, {quiet:.3f} s quiet"
             return (True if read == forwarded and quiet >= STILL_S else None), seen
 
         poll_until(still, deadline, "the stopped holder's stream to be still")
         proxy.migrating()
-        return inject(fault, holder, inflight, graceful_bound_s, deadline, broker)
+        return inject(fault, holder, watched, graceful_bound_s, deadline, broker)
 
     patch.setattr(single, "InFlight", sent_through)
     patch.setattr(faults, "inject", from_a_still_stream)

@@ -17,3 +17,9 @@ class MissedWindow(Exception):
     """The harness's fault came after the request it aimed at had ended, or a premise of the
     case was not met: nothing is known of the system's promise, so the case is not proven
     (`faults.require_room`), never failed; the message says what was late, and by how much."""
+
+
+class ConnectionCut(CaseFailure):
+    """The client's connection to the frontend broke before any fault reached its request: the
+    frontend's own state then (exited, stopped, running) is the cause to read, and the case's
+    reason names it (`runner.unanswered`)."""

@@ -34,7 +34,7 @@ import psutil
 from handoff.backend import Backend, Worker
 from handoff.cases import BROKER, DISCOVERY_PLANE, DRAINS, ENGINE, STALLS, Case
 from handoff.client import InFlight, completion_problems
-from handoff.errors import CaseFailure, HandoffError, MissedWindow
+from handoff.errors import CaseFailure, ConnectionCut, HandoffError, MissedWindow
 from handoff.machine import etcd, firewall
 from handoff.machine.discovery import FILE, Layout
 from handoff.machine.processes import ManagedProcess
@@ -107,9 +107,10 @@ def ended_before(inflight: InFlight, when: str) -> Exception:
         return MissedWindow(
             f"the response had ended complete {when}, {ago:.2f} s earlier: {response.summary()}"
         )
-    return CaseFailure(
-        f"the system ended the response {when}, before any fault reached it: {response.summary()}"
-    )
+    said = f"the system ended the response {when}, before any fault reached it: "
+    if response.exception and not response.closed_by_client:
+        return ConnectionCut(said + response.summary())
+    return CaseFailure(said + response.summary())
 
 
 def completed(inflight: InFlight) -> bool:

@@ -13,7 +13,7 @@ import requests
 from handoff.backend import Backend
 from handoff.cases import ABANDONS, Case, topology
 from handoff.deployment import Deployment
-from handoff.errors import MISSED_WINDOW, CaseFailure, HandoffError, MissedWindow
+from handoff.errors import MISSED_WINDOW, CaseFailure, ConnectionCut, HandoffError, MissedWindow
 from handoff.history import History
 from handoff.machine import start_gate
 from handoff.machine.interrupts import interruptible
@@ -84,13 +84,20 @@ def run_case(
         # The harness was late, not the system: not proven.
         verdict = Verdict(False, [], history.phase, unproven=[f"{MISSED_WINDOW}: {exc}"])
         history.record("window_missed", reason=str(exc))
+    except ConnectionCut as exc:
+        deployment = made.deployment
+        url = deployment.base_url if deployment else ""
+        verdict = Verdict(False, [unanswered(deployment, url, str(exc))], history.phase)
+        history.record("failure_found", reason=str(exc))
     except (CaseFailure, HandoffError) as exc:
         # The system under test failed or the set-up is wrong: each fails this case with its
         # reason; the next case still runs. When it was found goes in the timeline.
         verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
         history.record("failure_found", reason=str(exc))
     except requests.RequestException as exc:
-        verdict = Verdict(False, [unanswered(made.deployment, exc)], history.phase)
+        url = exc.request.url if exc.request is not None else None
+        said = f"{type(exc).__name__} on {url}"
+        verdict = Verdict(False, [unanswered(made.deployment, url, said)], history.phase)
     except Exception as exc:
         # A defect, handoff's or a backend's: it fails this case, by its line, and takes the
         # pool down (its workers may hold the request); the next case still runs.
@@ -250,15 +257,15 @@ def raised(exc: Exception) -> str:
     return f"{type(exc).__name__} at {where.filename}:{where.lineno}: {exc}"
 
 
-def unanswered(deployment: Deployment | None, exc: requests.RequestException) -> str:
-    """A request of the case got no answer. When it went to the frontend, say so, with the
-    frontend's state (exited, stopped, running) and its log: that is the cause to read."""
-    url = exc.request.url if exc.request is not None else None
+def unanswered(deployment: Deployment | None, url: str | None, said: str) -> str:
+    """A request of the case to `url` got no answer, or its connection broke (`said` how).
+    When it went to the frontend, say so, with the frontend's state (exited, stopped, running)
+    and its log: that is the cause to read."""
     if deployment is None:
-        return str(exc)
+        return said
     frontend = deployment.frontend
     if frontend is None or not url or not url.startswith(deployment.base_url):
-        return str(exc)
+        return said
     used_before = frontend.cpu_seconds()
     code = frontend.exit_code_within(EXIT_WAIT_S)  # a killed process may still be dying
     used_after = frontend.cpu_seconds()
@@ -267,8 +274,8 @@ def unanswered(deployment: Deployment | None, exc: requests.RequestException) ->
         # Starved (busy or runnable, but slow) or stalled (asleep, using nothing) read apart.
         state += f", using {(used_after - used_before) / EXIT_WAIT_S:.0%} of a core"
     return (
-        f"the frontend stopped answering mid-case ({type(exc).__name__} on {url}): its "
-        f"process {state}; log {frontend.log_path}:\n{frontend.log_tail()}"
+        f"the frontend stopped answering mid-case ({said}): its process {state}; log "
+        f"{frontend.log_path}:\n{frontend.log_tail()}"
     )
 
 

@@ -104,8 +104,7 @@ def exercise_abandon(run: CaseRun) -> Verdict:
         "request_sent", api=case.api, stream=True, max_tokens=shape.max_tokens,
         request_id=request.request_id,
     )  # fmt: skip
-    needed = settings.in_flight_tokens
-    proving = proof_deadline(backend, case, shape, None, needed, deadline, history)
+    proving, _ = proof_deadline(backend, case, shape, None, settings.in_flight_tokens, deadline)
     holder, heal = lead_up(
         deployment, case, settings, inflight, targets, proving, deadline, history
     )

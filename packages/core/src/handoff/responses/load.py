@@ -231,7 +231,7 @@ def hold_load(
     decoding_at_once = backend.decoding_at_once(case)
     needed = settings.in_flight_tokens
     shape, pace = loaded.first_shape, loaded.pace
-    placing = waits.proof_deadline(backend, case, shape, pace, needed, deadline, history)
+    placing, _ = waits.proof_deadline(backend, case, shape, pace, needed, deadline)
     place(held, backend, loaded.targets, decoding_at_once, needed, placing)
     proven_at = time.monotonic()
     victim = busiest(held, loaded.targets)

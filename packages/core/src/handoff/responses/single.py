@@ -329,11 +329,12 @@ def send_and_prove(
         prompt_tokens=planned.shape.prompt_tokens, max_tokens=request.max_tokens,
     )  # fmt: skip
     targets = [w for w in deployment.workers if w.role == where.target_role]
+    needed = settings.in_flight_tokens
+    bounded, bound_s = proof_deadline(backend, case, planned.shape, planned.pace, needed, deadline)
     holder = faults.find_holder(backend, targets, inflight, deadline)
-    history.record("holder_found", worker=holder.name, pid=holder.process.pid)
+    history.record("holder_found", worker=holder.name, pid=holder.process.pid, proof_s=bound_s)
     transfer.count_early()
     metrics_url = deployment.base_url + "/metrics"
-    needed = settings.in_flight_tokens
     if not frontend_counted(request):
         tokens_seen, what = (lambda: inflight.response.content_chunks), "streamed content chunks"
     else:
@@ -343,7 +344,6 @@ def send_and_prove(
         # Past the stop string's first token (the client sees none of it): every token the
         # frontend holds is in the re-issued context, so the move falls inside the match.
         needed += spanning(request)
-    bounded = proof_deadline(backend, case, planned.shape, planned.pace, needed, deadline, history)
     proof = faults.prove_in_flight(
         backend, holder, inflight, tokens_seen, where.fault_window, needed, what, bounded
     )

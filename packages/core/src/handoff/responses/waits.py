@@ -362,26 +362,18 @@ def settled(
 
 
 def proof_deadline(
-    backend: Backend,
-    case: Case,
-    shape: Shape,
-    pace: Pace | None,
-    needed: int,
-    deadline: Deadline,
-    history: History,
-) -> Deadline:
-    """How long a proof may wait for `needed` tokens of a request of `shape`:
+    backend: Backend, case: Case, shape: Shape, pace: Pace | None, needed: int, deadline: Deadline
+) -> tuple[Deadline, float | None]:
+    """How long a proof may wait for `needed` tokens of a request of `shape`, and its seconds:
     `RESPONSE_SLOWER_BY` times what they take at the backend's own speed
     (`Backend.nominal_response_s`), and `RESPONSE_FIXED_S`; or the bound the measured `pace`
-    gives them (`response_bound_s`); the case's deadline where neither is known. A deployment
-    that never streams is named then, not at the case's deadline."""
+    gives them (`response_bound_s`); the case's deadline where neither is known (None). A
+    deployment that never streams is named then, not at the case's deadline."""
     needing = replace(shape, max_tokens=needed)
     if pace is not None:
         bound_s = response_bound_s(needing, pace)
     elif (take_s := backend.nominal_response_s(case, needing)) is not None:
         bound_s = RESPONSE_SLOWER_BY * take_s + RESPONSE_FIXED_S
     else:
-        return deadline
-    bound_s = round(bound_s, 1)
-    history.record("proof_bound", seconds=bound_s)
-    return deadline.within(bound_s)
+        return deadline, None
+    return deadline.within(bound_s), round(bound_s, 1)
