@@ -95,3 +95,18 @@ def test_a_holder_that_never_streams_is_named_at_the_proofs_bound(tmp_path, monk
     bound_s = events["holder_found"].data["proof_s"]
     waited_s = events["failure_found"].at - events["holder_found"].at
     assert bound_s < TIMEOUT_S / 4 and bound_s - 1 <= waited_s < bound_s + 10
+
+
+def test_a_worker_that_serves_on_past_its_drain_fails_not_missed(tmp_path, monkeypatch):
+    """The drained worker is given a 30 s drain timeout instead of the case's 1 s: it finishes
+    the request it holds, complete, with no move counted. The drain was sent with its room (the
+    request had more left than the drain's wait), so that is the system's failure, named so,
+    never a missed window."""
+    tag, env = faults.WORKER_ENV["drain_expired"]
+    long_drain = {**env, "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "30"}
+    monkeypatch.setitem(faults.WORKER_ENV, "drain_expired", (f"{tag}-long", long_drain))
+    case = Case.from_id("migration_enabled-drain_expired-chat-stream-nats", "aggregate")
+    result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S)
+    verdict = result.verdict
+    assert verdict.outcome == FAILED and verdict.unproven == [], verdict.summary()
+    assert any(r.endswith("served it on past its drain") for r in verdict.reasons), verdict.reasons

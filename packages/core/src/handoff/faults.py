@@ -35,7 +35,7 @@ from handoff.backend import Backend, Worker
 from handoff.cases import BROKER, DISCOVERY_PLANE, DRAINS, ENGINE, STALLS, Case
 from handoff.client import InFlight, completion_problems
 from handoff.errors import CaseFailure, ConnectionCut, HandoffError, MissedWindow
-from handoff.machine import etcd, firewall
+from handoff.machine import etcd, firewall, worker_logs
 from handoff.machine.discovery import FILE, Layout
 from handoff.machine.processes import ManagedProcess
 from handoff.metrics import Unanswered, once_answered
@@ -113,6 +113,23 @@ def ended_before(inflight: InFlight, when: str) -> Exception:
     return CaseFailure(said + response.summary())
 
 
+def ended_unheld(workers: list[Worker], inflight: InFlight) -> Exception:
+    """A response over before any of `workers` reported it: a missed window only where one of
+    them received it (its log names the request: it held it, and ended it before any reading
+    showed it); else none of the role the fault aims at served it, the system's failure."""
+    when = "before any worker reported it in flight"
+    ids = {inflight.request.request_id} if inflight.request.request_id else set()
+    ids |= {str(c.data["id"]).split("-", 1)[-1] for c in inflight.response.chunks if "id" in c.data}
+    missed = ended_before(inflight, when)
+    if isinstance(missed, MissedWindow) and not worker_logs.received(workers, ids):
+        names = ", ".join(w.name for w in workers)
+        return CaseFailure(
+            f"the response ended complete {when}, and no log of {names} names it: none of the "
+            f"workers the fault aims at served it: {inflight.response.summary()}"
+        )
+    return missed
+
+
 def completed(inflight: InFlight) -> bool:
     """Whether the response ended whole, as its request asks (`verdict.completion_problems`)."""
     tokens, finish = inflight.request.ends
@@ -188,6 +205,12 @@ class FaultReport:
     cut: firewall.Cut | None = field(default=None, compare=False, repr=False)
     #: engine_failure: when the engine core was killed (monotonic), before the worker ended.
     engine_killed_at: float | None = None
+    #: A drain whose request still had the drain's wait left when its first signal went out
+    #: (`require_room`): a response it let end complete with no move is the worker's doing,
+    #: not a fault that came too late.
+    room_proven: bool = False
+    #: When the first signal went out (monotonic).
+    signalled_at: float = 0.0
 
 
 def find_holder(
@@ -198,7 +221,7 @@ def find_holder(
 
     def probe() -> tuple[Worker | None, str]:
         if inflight.finished:
-            raise ended_before(inflight, "before any worker reported it in flight")
+            raise ended_unheld(workers, inflight)
         try:
             holders = backend.holders(workers)
         except Unanswered as exc:
@@ -264,7 +287,15 @@ def prove_in_flight(
         raise ended_before(inflight, f"while {holder.name} was asked for it")
     if not still_held:
         gone = f"{holder.name} no longer reports the request, open: {inflight.response.summary()}"
-        raise MissedWindow(gone) if window == "prefill" else CaseFailure(gone)
+        if window != "prefill":
+            raise CaseFailure(gone)
+        # Its prefill ended, if the first token follows; else the request was lost there.
+        poll_until(
+            lambda: (True if tokens_seen() or inflight.finished else None, "no token out"),
+            deadline,
+            f"a first token, once {holder.name} no longer reported the request",
+        )
+        raise MissedWindow(f"{gone}; its prefill had ended: a token followed")
     return Proof(f"{seen} {what}, response open, {holder.name} reports it in flight", lag_s)
 
 
@@ -346,8 +377,13 @@ def hold(holder: Worker, watched: Watched, what: str, deadline: Deadline) -> Non
     """Stop every thread of the holder's tree, then prove its request still in its window
     (`Watch.outside`); one that left it is a missed window (or the system's failure),
     and the holder runs again."""
-    holder.process.freeze(deadline.within(HOLDER_TIMEOUT_S))
-    if missed := watched.outside(f"when {holder.name} was held for {what}"):
+    try:
+        holder.process.freeze(deadline.within(HOLDER_TIMEOUT_S))
+        missed = watched.outside(f"when {holder.name} was held for {what}")
+    except BaseException:  # a reading that failed, an interrupt: never leave it stopped
+        holder.process.signal_tree(signal.SIGCONT)
+        raise
+    if missed:
         holder.process.signal_tree(signal.SIGCONT)
         raise missed
 
@@ -361,23 +397,26 @@ def drain(
     response had ended by the last signal is read at that moment (`FaultReport`)."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
+    signalled_at = time.monotonic()
     process.signal_tree(signal.SIGTERM, parent_only=True)
+    drained = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
+    drained = replace(drained, signalled_at=signalled_at)
     if fault == "drain_expired":
         if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
             raise CaseFailure(
                 f"{holder.name} was still running {DRAIN_TIMEOUT_S + DRAIN_EXIT_S:g} s after "
                 f"SIGTERM, its drain timeout {DRAIN_TIMEOUT_S} s: {left}"
             )
-        return FaultReport(fault, holder.name, process.pid, ("SIGTERM",), watched.finished)
+        return replace(drained, response_done_at_kill=watched.finished)
     if not process.wait_gone(deadline.within(graceful_bound_s)):
-        gone = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
-        return replace(gone, finished_in_grace=watched.finished)
+        return replace(drained, finished_in_grace=watched.finished)
     process.freeze(deadline.within(HOLDER_TIMEOUT_S))
     done_before = watched.finished
     process.kill()
     if left := process.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
         raise CaseFailure(f"{holder.name} still alive after SIGTERM+SIGKILL: {left}")
-    return FaultReport(fault, holder.name, process.pid, ("SIGTERM", "SIGKILL"), done_before)
+    signals = ("SIGTERM", "SIGKILL")
+    return replace(drained, signals=signals, response_done_at_kill=done_before)
 
 
 def kill_engine(holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:

@@ -80,34 +80,14 @@ def run_case(
                 made, backend, case, folder, settings, deadline, history,
                 frontend_policy, roles, pools, frontend_env,
             )  # fmt: skip
-    except MissedWindow as exc:
-        # The harness was late, not the system: not proven.
-        verdict = Verdict(False, [], history.phase, unproven=[f"{MISSED_WINDOW}: {exc}"])
-        history.record("window_missed", reason=str(exc))
-    except ConnectionCut as exc:
-        deployment = made.deployment
-        url = deployment.base_url if deployment else ""
-        verdict = Verdict(False, [unanswered(deployment, url, str(exc))], history.phase)
-        history.record("failure_found", reason=str(exc))
-    except (CaseFailure, HandoffError) as exc:
-        # The system under test failed or the set-up is wrong: each fails this case with its
-        # reason; the next case still runs. When it was found goes in the timeline.
-        verdict = Verdict(passed=False, reasons=[str(exc)], phase=history.phase)
-        history.record("failure_found", reason=str(exc))
-    except requests.RequestException as exc:
-        url = exc.request.url if exc.request is not None else None
-        said = f"{type(exc).__name__} on {url}"
-        verdict = Verdict(False, [unanswered(made.deployment, url, said)], history.phase)
-    except Exception as exc:
-        # A defect, handoff's or a backend's: it fails this case, by its line, and takes the
-        # pool down (its workers may hold the request); the next case still runs.
-        verdict = Verdict(False, [raised(exc)], history.phase)
     except KeyboardInterrupt as exc:
         # Ctrl-C or SIGTERM: the run stops here, after the teardown below. The history says
         # where the case was, and the logs are kept.
         history.record("interrupted", after=history.phase, how=str(exc) or "KeyboardInterrupt")
         interrupted = True
         raise
+    except Exception as exc:
+        verdict = ended_by(exc, made.deployment, history)
     finally:
         problems = teardown(made.deployment, history)
         if interrupted:
@@ -121,6 +101,28 @@ def run_case(
         )
     verdict = concluded(verdict, made, pools, folder, settings, history)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def ended_by(exc: Exception, deployment: Deployment | None, history: History) -> Verdict:
+    """The verdict of a case whose exercise raised `exc`, which ends that case alone: the next
+    case still runs. When it was found goes in the timeline."""
+    phase = history.phase
+    if isinstance(exc, MissedWindow):  # the harness was late, not the system: not proven
+        history.record("window_missed", reason=str(exc))
+        return Verdict(False, [], phase, unproven=[f"{MISSED_WINDOW}: {exc}"])
+    if isinstance(exc, requests.RequestException):
+        url = exc.request.url if exc.request is not None else None
+        said = f"{type(exc).__name__} on {url}"
+        return Verdict(False, [unanswered(deployment, url, said)], phase)
+    if isinstance(exc, ConnectionCut):  # the frontend's state is the cause to read
+        url = deployment.base_url if deployment else ""
+        reason = unanswered(deployment, url, str(exc))
+    elif isinstance(exc, (CaseFailure, HandoffError)):  # the system failed, or the set-up
+        reason = str(exc)
+    else:  # a defect, handoff's or a backend's: its pool goes down (its workers may hold it)
+        return Verdict(False, [raised(exc)], phase)
+    history.record("failure_found", reason=str(exc))
+    return Verdict(False, [reason], phase)
 
 
 @dataclass

@@ -197,20 +197,27 @@ def judge(
     # A drained worker may hand the request over at SIGTERM already (vLLM with no grace
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
     # the SIGKILL, and the frontend counted it. A response over before the last signal with no
-    # migration counted is a fault that came too late: the request was not in flight.
+    # migration counted is a fault that came too late, unless the drain was sent with its room
+    # proven: then the worker served on past its drain.
     migrated = counts.moves
     ended_whole = not completion_problems(response, max_tokens, finish)
-    if not migrated and ended_whole and (fault.response_done_at_kill or fault.finished_in_grace):
-        # The harness's miss, not the system's failure (`faults.require_room`).
-        sent = f"{fault.signals[-1]} reached {fault.worker}"
-        when = (
-            f"in the graceful bound after {sent}" if fault.finished_in_grace else f"before {sent}"
-        )
+    early = (
+        not migrated and ended_whole and (fault.response_done_at_kill or fault.finished_in_grace)
+    )
+    sent = f"{fault.signals[-1]} reached {fault.worker}"
+    when = f"in the graceful bound after {sent}" if fault.finished_in_grace else f"before {sent}"
+    if early and not fault.room_proven:  # the harness's miss (`faults.require_room`)
         missed = (
             f"{MISSED_WINDOW}: the response had ended complete {when}, and the frontend "
             f"counted no migration"
         )
-        return Verdict(False, list(evidence), "verdict", unproven=[missed, *unproven])
+        found = [*cache_problems(response), *evidence]
+        return Verdict(False, found, "verdict", unproven=[missed, *unproven])
+    if early:
+        problems.append(
+            f"the response ended complete {when}, though it had more left than the drain's "
+            f"wait when the drain began: {fault.worker} served it on past its drain"
+        )
     problems += request_problems(expected, policy_name, response, max_tokens, True, finish)
     if expected.ongoing_request + expected.new_request and not migrated:
         problems.append(

@@ -68,13 +68,20 @@ class VictimWatch:
         return any(h.inflight.finished for h in self.held)
 
     def outside(self, when: str) -> Exception | None:
-        """Why a request the victim held left the fault's window `when`: the first that ended."""
-        ended = next((h for h in self.held if h.inflight.finished), None)
-        return (
-            None
-            if ended is None
-            else faults.ended_before(ended.inflight, f"{when} ({ended.label()})")
-        )
+        """Why a request the victim held left the fault's window `when` (`first_ended`)."""
+        return first_ended(self.held, when)
+
+
+def first_ended(held: list[Held], when: str) -> Exception | None:
+    """Why a request of `held` is over `when`: one the system ended (an error, a short answer)
+    before any that ended complete, which would only be the harness's missed window; None while
+    every one is open."""
+    ended = sorted(
+        (h for h in held if h.inflight.finished), key=lambda h: faults.completed(h.inflight)
+    )
+    if not ended:
+        return None
+    return faults.ended_before(ended[0].inflight, f"{when} ({ended[0].label()})")
 
 
 @dataclass
@@ -118,14 +125,14 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
         )  # fmt: skip
         recovery.record_fault(deployment, victim, fault, history)
         heal = recovery.Heal(victim, fault, history)
-        in_window(deployment, fault, victims, loaded.before.counts, deadline)
+        cut = in_window(deployment, fault, victims, loaded.before.counts, deadline)
         # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
         # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
         outlives_lease = (
             case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
         )
         # The broker's faults touch no worker: nothing any worker held is cut.
-        cut = [] if case.fault in BROKER else victims
+        cut = [] if case.fault in BROKER else cut
         await_load(run, loaded, proven_at, (heal, cut) if not outlives_lease else None)
         ids = {str(h.request.request_id) for h in loaded.held}
         served = received(deployment.serving, ids)
@@ -259,20 +266,24 @@ def in_window(
     victims: list[Held],
     before: metrics.MigrationCounts,
     deadline: Deadline,
-) -> None:
-    """A victim's request over, complete, before the last signal is a missed window, unless
-    the frontend counted a move for it at the SIGTERM (`handed_over_at_sigterm`); one that
-    ended otherwise is judged with the rest."""
+) -> list[Held]:
+    """The victim's requests the fault cut: all of them, but those over, complete, before a
+    drain's last signal with no move counted for them at its SIGTERM
+    (`handed_over_at_sigterm`): the drain let them finish, and they are judged as any request
+    the fault spared. None left cut is a missed window; one that ended otherwise is judged
+    with the rest."""
     if not (fault.response_done_at_kill or fault.finished_in_grace):
-        return
+        return victims
     ended = [h for h in victims if h.inflight.finished and faults.completed(h.inflight)]
     url, model = deployment.base_url + "/metrics", deployment.model_name
-    if ended and not handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
-        raise MissedWindow(
-            f"{', '.join(h.label() for h in ended)} had ended complete before "
-            f"{fault.signals[-1]} reached {fault.worker}, and the frontend counted no move for "
-            f"them"
-        )
+    if not ended or handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
+        return victims
+    if cut := [h for h in victims if h not in ended]:
+        return cut
+    raise MissedWindow(
+        f"{', '.join(h.label() for h in ended)} had ended complete before {fault.signals[-1]} "
+        f"reached {fault.worker}, every request it held, and the frontend counted no move"
+    )
 
 
 def judge_load(
@@ -446,8 +457,8 @@ def place(
     ids = {h.request.request_id: h for h in held}
 
     def probe() -> tuple[bool | None, str]:
-        if ended := [h for h in held if h.inflight.finished]:
-            raise faults.ended_before(ended[0].inflight, f"({ended[0].label()}) while placed")
+        if ended := first_ended(held, "while the requests were placed"):
+            raise ended
         seen = received(workers, set(ids))
         if twice := {i: w for i, w in seen.items() if len(w) > 1}:
             raise CaseFailure(f"requests received by more than one worker before a fault: {twice}")

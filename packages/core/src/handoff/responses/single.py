@@ -119,11 +119,7 @@ def judged_once(run: CaseRun) -> Verdict:
     # Chosen before the request is sent: reading every process's connections is slow.
     aimed_at = discovery_plane.aimed(case.fault, deployment)
     sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
-    if (wait_s := faults.runs_on_for(case.fault, settings.graceful_bound_s)) is not None:
-        left_s = time_left(deployment.backend, case, planned, sent)
-        room = faults.require_room(left_s, wait_s, sent.lag_s, case.fault)
-        history.record("window_room", how=room)
-    fault = send_fault(run, sent, aimed_at)
+    fault = send_with_room(run, planned, sent, aimed_at)
     # An engine's death is the fault, not its worker's exit, which the user waited for too.
     faulted_at = fault.engine_killed_at or time.monotonic()
     recovery.record_fault(deployment, sent.holder, fault, history)
@@ -157,6 +153,24 @@ def judged_once(run: CaseRun) -> Verdict:
     found.unproven += race_premise(case, planned, sent, settings)
     found.passed = not found.reasons and not found.unproven
     return found
+
+
+def send_with_room(
+    run: CaseRun, planned: Planned, sent: Sent, aimed_at: list[etcd.Member]
+) -> faults.FaultReport:
+    """The case's fault (`send_fault`); a drain only with its room (`faults.require_room`),
+    and told whether the request still had the drain's wait left when its SIGTERM went out
+    (`FaultReport.room_proven`): only a drain sent late may end in a missed window."""
+    deployment, case, settings, _, history = run.parts
+    if (wait_s := faults.runs_on_for(case.fault, settings.graceful_bound_s)) is None:
+        return send_fault(run, sent, aimed_at)
+    left_s = time_left(deployment.backend, case, planned, sent)
+    history.record("window_room", how=faults.require_room(left_s, wait_s, sent.lag_s, case.fault))
+    checked_at = time.monotonic()
+    fault = send_fault(run, sent, aimed_at)
+    if left_s is None:
+        return fault
+    return replace(fault, room_proven=left_s - (fault.signalled_at - checked_at) >= wait_s)
 
 
 def send_fault(run: CaseRun, sent: Sent, aimed_at: list[etcd.Member]) -> faults.FaultReport:
