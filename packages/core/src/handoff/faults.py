@@ -391,10 +391,11 @@ def hold(holder: Worker, watched: Watched, what: str, deadline: Deadline) -> Non
 def drain(
     fault: str, holder: Worker, watched: Watched, graceful_bound_s: float, deadline: Deadline
 ) -> FaultReport:
-    """graceful_shutdown: SIGTERM the parent, then, once the bound has passed, hold the tree
-    and SIGKILL what is left of it. drain_expired: SIGTERM the parent and wait for the tree to
-    exit by itself once its drain timeout has passed. The worker drains on: whether the
-    response had ended by the last signal is read at that moment (`FaultReport`)."""
+    """graceful_shutdown: SIGTERM the parent, then, unless the whole tree had exited by the bound
+    (its parent's exit status read, then its tree), hold it and SIGKILL what is left.
+    drain_expired: SIGTERM the parent and wait for the tree to exit by itself once its drain
+    timeout has passed. The worker drains on: whether the response had ended by the last signal
+    is read at that moment (`FaultReport`)."""
     process = holder.process
     process.tree()  # remember the descendants before the parent can orphan them
     signalled_at = time.monotonic()
@@ -408,7 +409,7 @@ def drain(
                 f"SIGTERM, its drain timeout {DRAIN_TIMEOUT_S} s: {left}"
             )
         return replace(drained, response_done_at_kill=watched.finished)
-    if not process.wait_gone(deadline.within(graceful_bound_s)):
+    if process.exited_within(deadline.within(graceful_bound_s)) and not process.tree():
         return replace(drained, finished_in_grace=watched.finished)
     process.freeze(deadline.within(HOLDER_TIMEOUT_S))
     done_before = watched.finished

@@ -158,17 +158,34 @@ class ManagedProcess:
                 proc.send_signal(sig)
 
     def wait_gone(self, deadline: Deadline) -> list[psutil.Process]:
-        """Wait until the whole tree has exited (and is reaped); return what is alive at the end."""
+        """Wait until the whole tree has exited (and is reaped); return what is alive at the end.
+        While the leader runs, the tree is not gone: its exit status is read, not /proc, which
+        a busy machine reads slowly (every look at the tree lists its processes)."""
+
+        def probe() -> tuple[bool | None, str]:
+            if self.exit_code() is None and self.popen is not None:
+                return None, f"pid {self.pid} running"
+            return (True, "") if not (alive := self.tree()) else (None, _pids(alive))
+
         with contextlib.suppress(Timeout):
-            poll_until(
-                lambda: (True, None) if not (alive := self.tree()) else (None, _pids(alive)),
-                deadline,
-                f"{self.name} (pid {self.pid}) and its children to exit",
-            )
+            poll_until(probe, deadline, f"{self.name} (pid {self.pid}) and its children to exit")
         alive = self.tree()
         if not alive:
             ownership.forget(self.pid)
         return alive
+
+    def exited_within(self, deadline: Deadline) -> bool:
+        """Whether the leader exited before `deadline`, by its exit status alone: what a bound
+        decides is the state at the bound, not after a slow look at the tree."""
+        try:
+            poll_until(
+                lambda: (True if self.exit_code() is not None else None, "running"),
+                deadline,
+                f"{self.name} (pid {self.pid}) to exit",
+            )
+        except Timeout:
+            return False
+        return True
 
     def kill(self) -> None:
         """SIGKILL the tree and its process group; `wait_gone` then waits for them."""
