@@ -37,7 +37,7 @@ from handoff.client import InFlight, completion_problems
 from handoff.errors import CaseFailure, ConnectionCut, HandoffError, MissedWindow
 from handoff.machine import etcd, firewall, worker_logs
 from handoff.machine.discovery import FILE, Layout
-from handoff.machine.processes import ManagedProcess
+from handoff.machine.processes import ManagedProcess, await_stopped
 from handoff.metrics import Unanswered, once_answered
 from handoff.polling import Deadline, poll_until
 
@@ -429,6 +429,7 @@ def kill_engine(holder: Worker, watched: Watched, deadline: Deadline) -> FaultRe
     engine = engine_core(holder)
     try:
         engine.send_signal(signal.SIGSTOP)
+        await_stopped(lambda: [engine], deadline.within(HOLDER_TIMEOUT_S), engine.name())
         if missed := watched.outside(f"when {holder.name}'s engine core was stopped"):
             engine.send_signal(signal.SIGCONT)
             raise missed

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -135,16 +135,7 @@ class ManagedProcess:
         self.stop_now()
         self.signal_tree(signal.SIGSTOP)  # a descendant not seen before
 
-        def probe() -> tuple[bool | None, str]:
-            running = [
-                f"thread {tid} of pid {proc.pid} is {state}"
-                for proc in self.tree()
-                for tid, state in _thread_states(proc)
-                if state not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-            ]
-            return (None if running else True), "; ".join(running[:3])
-
-        poll_until(probe, deadline, f"every thread of {self.name} (pid {self.pid}) to stop")
+        await_stopped(self.tree, deadline, f"{self.name} (pid {self.pid})")
 
     def stop_now(self, sig: signal.Signals = signal.SIGSTOP) -> None:
         """`sig` to the group and to every process of the tree seen so far, before any look at
@@ -236,6 +227,22 @@ def group_members(group: int) -> list[psutil.Process]:
 
 def _pids(procs: list[psutil.Process]) -> str:
     return "pids " + ", ".join(str(p.pid) for p in procs)
+
+
+def await_stopped(procs: Callable[[], list[psutil.Process]], deadline: Deadline, what: str) -> None:
+    """Until every thread of each of `procs()` is stopped (state T): a SIGSTOP is queued, and
+    on a busy machine a thread already running may still answer, or stream, meanwhile."""
+
+    def probe() -> tuple[bool | None, str]:
+        running = [
+            f"thread {tid} of pid {proc.pid} is {state}"
+            for proc in procs()
+            for tid, state in _thread_states(proc)
+            if state not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        ]
+        return (None if running else True), "; ".join(running[:3])
+
+    poll_until(probe, deadline, f"every thread of {what} to stop")
 
 
 def _thread_states(proc: psutil.Process) -> list[tuple[int, str]]:
