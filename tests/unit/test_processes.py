@@ -136,3 +136,18 @@ def test_freeze_returns_once_every_thread_of_the_tree_is_stopped(tmp_path):
     finally:
         process.kill()
         assert process.wait_gone(Deadline(10)) == []
+
+
+def test_an_exit_is_within_a_bound_only_when_seen_before_it(tmp_path):
+    """A drain's bound is the state at the bound: an exit seen in time counts; a process still
+    running at the bound does not, nor does one whose exit is first seen once the bound passed
+    (a poll woken late), though it has exited by then."""
+    quick = ManagedProcess("quick", ["true"], {"PATH": "/usr/bin:/bin"}, tmp_path / "q.log")
+    quick.start()
+    assert quick.exited_within(Deadline(10))
+    slow = ManagedProcess("slow", ["sleep", "300"], {"PATH": "/usr/bin:/bin"}, tmp_path / "s.log")
+    slow.start()
+    assert not slow.exited_within(Deadline(0.2))
+    slow.kill()
+    assert slow.wait_gone(Deadline(10)) == []
+    assert not slow.exited_within(Deadline(0))  # exited, but seen only past the bound
