@@ -31,6 +31,7 @@ from typing import Protocol
 
 import psutil
 
+from handoff import continuity
 from handoff.backend import Backend, Worker
 from handoff.cases import BROKER, DISCOVERY_PLANE, DRAINS, ENGINE, STALLS, Case
 from handoff.client import InFlight, completion_problems
@@ -119,7 +120,9 @@ def ended_unheld(workers: list[Worker], inflight: InFlight) -> Exception:
     showed it); else none of the role the fault aims at served it, the system's failure."""
     when = "before any worker reported it in flight"
     ids = {inflight.request.request_id} if inflight.request.request_id else set()
-    ids |= {str(c.data["id"]).split("-", 1)[-1] for c in inflight.response.chunks if "id" in c.data}
+    ids |= {
+        continuity.request_id(str(c.data["id"])) for c in inflight.response.chunks if "id" in c.data
+    }
     missed = ended_before(inflight, when)
     if isinstance(missed, MissedWindow) and not worker_logs.received(workers, ids):
         names = ", ".join(w.name for w in workers)
