@@ -440,7 +440,7 @@ def test_a_spare_drained_by_sigterm_leaves_the_running_frontend_as_a_worker_star
         for worker in (native, spare):
             ids = pool.instance_ids[worker.name]
             assert ids <= health_ids(deployment)
-            worker.process.signal_tree(signal.SIGTERM, parent_only=True)  # the graceful fault's
+            worker.process.signal_leader(signal.SIGTERM)  # the graceful fault's
             poll_until(
                 unlisted(deployment, ids),
                 Deadline(3),

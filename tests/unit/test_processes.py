@@ -1,5 +1,6 @@
 """Managed processes: a whole tree goes down, and a missing binary is a clear error."""
 
+import signal
 import sys
 
 import psutil
@@ -151,3 +152,24 @@ def test_an_exit_is_within_a_bound_only_when_seen_before_it(tmp_path):
     slow.kill()
     assert slow.wait_gone(Deadline(10)) == []
     assert not slow.exited_within(Deadline(0))  # exited, but seen only past the bound
+
+
+def test_a_drain_signal_reaches_the_leader_alone_with_no_look_at_proc(tmp_path, monkeypatch):
+    """A drain's SIGTERM goes out before any listing of the machine's processes, which takes
+    seconds on a busy one (the request it aims at could end meanwhile); its child is not
+    signalled."""
+    process = ManagedProcess("parent", PARENT, {"PATH": "/usr/bin:/bin"}, tmp_path / "p.log")
+    process.start()
+    child = child_pid(process)
+
+    def listing(*_args, **_kwargs):
+        raise AssertionError("the processes were listed before the signal")
+
+    monkeypatch.setattr(psutil.Process, "children", listing)
+    monkeypatch.setattr(psutil, "process_iter", listing)
+    process.signal_leader(signal.SIGTERM)
+    assert process.popen.wait(timeout=10) == -signal.SIGTERM
+    assert alive(child)
+    monkeypatch.undo()
+    process.kill()
+    assert process.wait_gone(Deadline(10)) == []

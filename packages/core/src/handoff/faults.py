@@ -400,9 +400,9 @@ def drain(
     timeout has passed. The worker drains on: whether the response had ended by the last signal
     is read at that moment (`FaultReport`)."""
     process = holder.process
-    process.tree()  # remember the descendants before the parent can orphan them
     signalled_at = time.monotonic()
-    process.signal_tree(signal.SIGTERM, parent_only=True)
+    process.signal_leader(signal.SIGTERM)
+    process.tree()  # remember the descendants before the parent, draining, can orphan them
     drained = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
     drained = replace(drained, signalled_at=signalled_at)
     if fault == "drain_expired":

@@ -121,12 +121,18 @@ class ManagedProcess:
         except psutil.NoSuchProcess:
             return False
 
-    def signal_tree(self, sig: signal.Signals, parent_only: bool = False) -> None:
+    def signal_tree(self, sig: signal.Signals) -> None:
         for proc in self.tree():
-            if parent_only and proc.pid != self.pid:
-                continue
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)  # psutil refuses if the pid was reused by another process
+
+    def signal_leader(self, sig: signal.Signals) -> None:
+        """`sig` to the leader alone, with no look at /proc first (on a busy machine listing
+        its processes takes seconds); psutil refuses a pid reused by another process."""
+        leader = self._known.get(self.pid)
+        if leader is not None and self.alive(leader):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leader.send_signal(sig)
 
     def freeze(self, deadline: Deadline) -> None:
         """SIGSTOP the tree and wait until every thread of it is stopped. kill() returns once

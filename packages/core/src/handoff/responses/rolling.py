@@ -146,8 +146,8 @@ def exercise_rolling(run: waits.CaseRun) -> Verdict:
 def roll(
     run: waits.CaseRun, steady: SteadyLoad, replacements: ExitStack
 ) -> tuple[float, list[str], list[joining.Joiner]]:
-    """Each worker of the target role in turn: once it holds a young request, drain it while its
-    replacement starts, then wait until the frontend lists the replacement. When the first
+    """Each worker of the target role in turn: start its replacement; once the worker holds a
+    young request, drain it; then wait until the frontend lists the replacement. When the first
     drain began, what was not proven, and the replacements."""
     deployment, case, settings, deadline, history = run.parts
     role = topology(case.topology).target_role
@@ -157,13 +157,6 @@ def roll(
     first_drain = None
     fresh_s = outlasting_window(deployment, case, steady.max_tokens, settings.graceful_bound_s)
     for worker in targets:
-        held = holding(worker, steady, fresh_s, deadline)
-        if not held:
-            sent = "" if fresh_s is None else f" sent within {fresh_s:.1f} s"
-            unproven.append(
-                f"{worker.name} held no request{sent} when its turn came "
-                f"({HOLDER_TIMEOUT_S:g} s): its drain could move nothing"
-            )
         # No probes: the steady load's new requests reach the replacement, and a probe could
         # meet the next drain and be moved beside the load's own hand-overs.
         replacing = joining.Joiner(
@@ -171,6 +164,14 @@ def roll(
         )
         joiner = replacements.enter_context(joining.retired(replacing, history))
         joiners.append(joiner)
+        # Chosen last, right before its SIGTERM: a replacement's start may take seconds.
+        held = holding(worker, steady, fresh_s, deadline)
+        if not held:
+            sent = "" if fresh_s is None else f" sent within {fresh_s:.1f} s"
+            unproven.append(
+                f"{worker.name} held no request{sent} when its turn came "
+                f"({HOLDER_TIMEOUT_S:g} s): its drain could move nothing"
+            )
         first_drain = first_drain or time.monotonic()
         steady.drained_at[worker.name] = time.monotonic()
         watched = load.VictimWatch([load.Held(n, inflight) for n, inflight in enumerate(held)])
