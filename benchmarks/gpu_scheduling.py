@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from handoff.polling import Deadline
@@ -217,7 +218,46 @@ def main() -> int:
         f"GPU {gpu}: {device.name}, {mib(device.total)} total, {mib(device.used)} used at idle"
         + ("  [SIMULATED: nothing below is a measurement]" if simulate else "")
     )
+    context, attributed = context_of(nvml, gpu)
+    alone = each_alone(nvml, gpu, context, attributed)
+    serial_s = sum(a["wall"] for a in alone.values())
+    folder = tempfile.mkdtemp(prefix="handoff-ledger-")
+    ledger = GpuLedger(nvml, args.budget_gib, Path(folder))
+    demands = [Demand(n, a["marker"], a["timeout"]) for n, a in alone.items()]
+    demands.append(Demand(OVERSIZE[0], OVERSIZE[1], timeout_marker(OVERSIZE[2] + 4)))
+    print(f"\n## The plan (--handoff-dry-run) under --max-vram-gib {args.budget_gib:g}")
+    for line in plan_lines(plan(demands, ledger.rooms(), args.slots)):
+        print(line)
+    measured = Measured(nvml, gpu, context, attributed)
+    makespan, over = together(measured, args, alone, demands, folder, simulate)
+    print(
+        f"makespan together {makespan:.1f} s; one by one {serial_s:.1f} s "
+        f"(x{serial_s / makespan:.2f})"
+    )
+    leaked(nvml, gpu, args.out)
+    (args.out / "summary.json").write_text(
+        json.dumps({"makespan_s": makespan, "serial_s": serial_s, "max_over_gib": max(over)})
+    )
+    nvml.close()
+    for made in (folder, simulate):
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+    return 0
 
+
+@dataclass(frozen=True)
+class Measured:
+    """What the processes' peaks are read against: the GPU, and the CUDA context of one
+    process (attributed per process where NVML says so, else the device's rise)."""
+
+    nvml: object
+    gpu: int
+    context: int
+    attributed: bool
+
+
+def context_of(nvml, gpu: int) -> tuple[int, bool]:
+    """The CUDA context of a tiny process, and whether NVML attributes use per process."""
     tiny = run_alone(nvml, gpu, 0, 1)
     context = per_process_peak(tiny["samples"], gpu, tiny["pid"])
     tiny_rise = profile(tiny["samples"])[0].rise
@@ -229,7 +269,11 @@ def main() -> int:
         f"CUDA context of a tiny process (torch.zeros(1)): {mib(context)} per process, "
         f"device rise {mib(tiny_rise)}"
     )
+    return context, attributed
 
+
+def each_alone(nvml, gpu: int, context: int, attributed: bool) -> dict[str, dict]:
+    """Each case run alone: its peak against its allocation, and its markers."""
     print("\n## Each case alone (100 ms NVML samples)")
     print(
         f"{'case':<10} {'alloc':>8} {'proc peak':>10} {'- context':>10} {'error':>7} "
@@ -251,22 +295,19 @@ def main() -> int:
             f"{error:>6.2%} {mib(prof.rise):>10} {run['wall']:>7.1f} "
             f"{f'vram({marker:g}) timeout({timeout:g})':>26}"
         )
-    serial_s = sum(a["wall"] for a in alone.values())
     print(f"every process's peak minus the context within 5 % of its allocation: {within}")
+    return alone
 
-    folder = tempfile.mkdtemp(prefix="handoff-ledger-")
-    ledger = GpuLedger(nvml, args.budget_gib, Path(folder))
-    demands = [Demand(n, a["marker"], a["timeout"]) for n, a in alone.items()]
-    demands.append(Demand(OVERSIZE[0], OVERSIZE[1], timeout_marker(OVERSIZE[2] + 4)))
-    print(f"\n## The plan (--handoff-dry-run) under --max-vram-gib {args.budget_gib:g}")
-    for line in plan_lines(plan(demands, ledger.rooms(), args.slots)):
-        print(line)
 
+def together(
+    measured: Measured, args, alone: dict, demands: list, folder: str, simulate: str | None
+) -> tuple[float, list[float]]:
+    """Every case at once on `args.slots` slot processes under the ledger: the makespan and
+    the device's use above its idle baseline, sample by sample."""
     print(f"\n## Together: {args.slots} slot processes, the ledger, budget {args.budget_gib:g} GiB")
-    order = sorted(demands, key=lambda d: -d.timeout_s)
     context_mp = multiprocessing.get_context("spawn")
     todo, done = context_mp.Queue(), context_mp.Queue()
-    for d in order:
+    for d in sorted(demands, key=lambda d: -d.timeout_s):
         if d.key == OVERSIZE[0]:
             print(f"not run: {d.key}: profiled_vram_gib({d.vram_gib:g}) > {args.budget_gib:g}")
             continue
@@ -274,12 +315,11 @@ def main() -> int:
         todo.put((d.key, a["gib"], a["hold"], d.vram_gib, d.timeout_s))
     for _ in range(args.slots):
         todo.put(None)
-    sampler = Sampler(nvml).start()
+    sampler = Sampler(measured.nvml).start()
     began = time.monotonic()
     workers = [
         context_mp.Process(
-            target=slot_worker,
-            args=(n + 1, todo, done, folder, args.budget_gib, simulate),
+            target=slot_worker, args=(n + 1, todo, done, folder, args.budget_gib, simulate)
         )
         for n in range(args.slots)
     ]
@@ -293,20 +333,30 @@ def main() -> int:
             break
     for w in workers:
         w.join()
-    makespan = max(r["ended"] for r in results) - began
     samples = sampler.stop()
-    baseline = samples[0].used[gpu]
-    over = [(s.used[gpu] - baseline) / GIB for s in samples]
+    over = [(s.used[measured.gpu] - samples[0].used[measured.gpu]) / GIB for s in samples]
+    together_table(measured, results, samples, began, over, args.budget_gib)
+    marks = [(r["started"] - samples[0].at, r["name"].removeprefix("alloc-")) for r in results]
+    plot(args.out / "together.png", samples, marks, "together", args.budget_gib)
+    print(f"exit codes {sorted({r['rc'] for r in results})}")
+    return max(r["ended"] for r in results) - began, over
+
+
+def together_table(
+    measured: Measured, results: list, samples: list, began: float, over: list, budget: float
+) -> None:
+    """Each case's slot, marker, start, wait and peak, then the device's use over the run."""
+    gpu, context = measured.gpu, measured.context
     print(f"{'case':<10} {'slot':>4} {'GPU':>3} {'marker':>6} {'start s':>7} {'end s':>6} "
           f"{'waited s':>8} {'proc peak - ctx':>15} {'error':>7}")  # fmt: skip
     all_within = True
     for r in sorted(results, key=lambda r: r["started"]):
         peak = per_process_peak(samples, gpu, r["pid"]) if r["gib"] else None
-        measured = (peak - context) if peak is not None else None
-        error = abs(measured - r["gib"] * GIB) / (r["gib"] * GIB) if measured is not None else 0
-        if r["gib"] and attributed:
+        used = (peak - context) if peak is not None else None
+        error = abs(used - r["gib"] * GIB) / (r["gib"] * GIB) if used is not None else 0
+        if r["gib"] and measured.attributed:
             all_within &= error <= TOLERANCE
-        shown = "-" if measured is None else mib(measured)
+        shown = "-" if used is None else mib(used)
         print(
             f"{r['name']:<10} {r['slot']:>4} {r['gpu'] if r['gpu'] is not None else '-':>3} "
             f"{r['marker']:>6.1f} {r['started'] - began:>7.1f} {r['ended'] - began:>6.1f} "
@@ -322,18 +372,18 @@ def main() -> int:
     )
     print(
         f"{len(samples)} samples over {samples[-1].at - samples[0].at:.1f} s; largest use above "
-        f"the idle baseline {max(over):.2f} GiB (budget {args.budget_gib:g}); samples over the "
-        f"budget: {sum(v > args.budget_gib for v in over)}; largest sum of markers running at "
+        f"the idle baseline {max(over):.2f} GiB (budget {budget:g}); samples over the "
+        f"budget: {sum(v > budget for v in over)}; largest sum of markers running at "
         f"once {held:.1f} GiB"
     )
-    print(f"every process's peak minus the context within 5 %: {all_within and attributed}")
     print(
-        f"makespan together {makespan:.1f} s; one by one {serial_s:.1f} s "
-        f"(x{serial_s / makespan:.2f}); exit codes {sorted({r['rc'] for r in results})}"
+        f"every process's peak minus the context within 5 %: {all_within and measured.attributed}"
     )
-    marks = [(r["started"] - samples[0].at, r["name"].removeprefix("alloc-")) for r in results]
-    plot(args.out / "together.png", samples, marks, "together", args.budget_gib)
 
+
+def leaked(nvml, gpu: int, out: Path) -> None:
+    """A case's process that leaves a detached child holding 2 GiB: flagged, and the device
+    back at its baseline once the child is killed."""
     print("\n## A leak: the case's process leaves a detached child holding 2 GiB")
     leak = run_alone(nvml, gpu, LEAK_PARENT_GIB, 1, "leak")
     profiles = profile(leak["samples"])
@@ -343,20 +393,12 @@ def main() -> int:
         print(line)
     print(f"leak flagged: {any(p.leak > LEAK_MIB * MIB for p in profiles)}")
     ended_at = leak["ended"] - leak["samples"][0].at
-    plot(args.out / "leak.png", leak["samples"], [(ended_at, "DONE")], "leak")
+    plot(out / "leak.png", leak["samples"], [(ended_at, "DONE")], "leak")
     os.kill(leak["left"], signal.SIGKILL)  # the child this benchmark's case left behind
     after = Sampler(nvml).start()
     back = after.settle(LEAK_MIB * MIB, Deadline(10))
     after.stop()
     print(f"after killing pid {leak['left']}: back at the baseline: {back}")
-    (args.out / "summary.json").write_text(
-        json.dumps({"makespan_s": makespan, "serial_s": serial_s, "max_over_gib": max(over)})
-    )
-    nvml.close()
-    for made in (folder, simulate):
-        if made:
-            shutil.rmtree(made, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ tests/e2e/test_known_defects_hide_nothing.py makes a second failure happen besid
 A Dynamo that keeps the promise cannot be run here, so its pass is shown on a verdict."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -210,13 +211,14 @@ EXTRA = {
 }
 
 
-def judged(reasons: list[str], defect) -> Verdict:
-    """The verdict against `defect`, with the worker the reasons say was faulted."""
+def judged(reasons: list[str], defect, witness: tuple[bool | None, str] | None = None) -> Verdict:
+    """The verdict against `defect`, with the worker the reasons say was faulted, and its
+    witness read as `witness` says (by default: seen)."""
     said = " | ".join(reasons)
     faulted = re.search(r"(worker-\d+-[a-z]+)(?:, which was faulted| held \d+ requests)", said)
-    return against_known_defect(
-        Verdict(False, list(reasons), "verdict"), defect, faulted.group(1) if faulted else None
-    )
+    verdict = Verdict(False, list(reasons), "verdict")
+    verdict.witnessed[defect.witness.key] = witness or (True, "its mechanism, read")
+    return against_known_defect(verdict, defect, faulted.group(1) if faulted else None)
 
 
 @pytest.mark.parametrize(("defect", "key", "reasons"), SEEN, ids=[k for _, k, _ in SEEN])
@@ -239,9 +241,41 @@ def test_every_pattern_of_a_defect_explains_a_reason_seen(defect):
     assert unused == []
 
 
+@pytest.mark.parametrize(("defect", "key", "reasons"), SEEN, ids=[k for _, k, _ in SEEN])
+def test_the_defects_reasons_without_its_witness_are_a_plain_failure(defect, key, reasons):
+    """Every reason the defect explains, but its mechanism read from the system and not there
+    (or never read): what the user saw is not enough to call it the defect."""
+    for witness in [(False, "read, and not there"), None]:
+        verdict = Verdict(False, list(reasons), "verdict")
+        if witness:
+            verdict.witnessed[defect.witness.key] = witness
+        verdict = against_known_defect(verdict, defect)
+        assert verdict.outcome == "failed" and verdict.upstream_defect == ""
+        assert verdict.reasons[:-1] == reasons
+        said = "read, and not there" if witness else "never read"
+        assert verdict.reasons[-1] == (
+            f"not {defect.issue}: its witness is not there ({defect.witness.what}): {said}"
+        )
+
+
+def test_a_witness_that_could_not_be_read_leaves_the_case_not_proven():
+    reasons = DRAINED[next(iter(DRAINED))]
+    verdict = judged(reasons, DRAIN, (None, "the log could not be read"))
+    assert verdict.outcome == "not proven" and verdict.reasons == reasons
+    assert verdict.unproven == [
+        f"{DRAIN.issue}'s witness could not be read ({DRAIN.witness.what}): the log could not "
+        f"be read"
+    ]
+
+
+def test_the_witness_is_in_the_notes_of_the_expected_failure():
+    verdict = judged(UNROUTED[next(iter(UNROUTED))], LEASE, (True, "registrations: none"))
+    assert verdict.notes == ["Dynamo issue 3493's witness: registrations: none"]
+
+
 def test_the_defects_name_their_issues():
     assert judged(DRAINED[next(iter(DRAINED))], DRAIN).upstream_defect.startswith(
-        "Dynamo issue 13952: "
+        "handoff finding: an expired drain ends its requests with a 500: "
     )
     assert judged(UNROUTED[next(iter(UNROUTED))], LEASE).upstream_defect.startswith(
         "Dynamo issue 3493: "
@@ -269,7 +303,7 @@ def test_a_healthy_workers_request_failing_like_the_drained_ones_is_a_plain_fail
     bystander = f"{QUEUED_5}expected a complete response, got HTTP 500: {BODY_500}"
     verdict = judged([*reasons, bystander], DRAIN)
     assert verdict.upstream_defect == ""
-    assert verdict.reasons[-1] == f"not Dynamo issue 13952 alone: it does not explain: {bystander}"
+    assert verdict.reasons[-1] == f"not {DRAIN.issue} alone: it does not explain: {bystander}"
 
 
 def test_each_reason_the_defect_does_not_explain_is_listed():
@@ -306,7 +340,7 @@ def test_a_reason_like_the_drains_with_another_counter_or_value_is_a_plain_failu
     reasons = DRAINED["aggregate/migration_enabled-drain_expired-chat-stream-nats"]
     verdict = judged([*reasons, lookalike], DRAIN)
     assert verdict.upstream_defect == ""
-    assert verdict.reasons[-1] == f"not Dynamo issue 13952 alone: it does not explain: {lookalike}"
+    assert verdict.reasons[-1] == f"not {DRAIN.issue} alone: it does not explain: {lookalike}"
 
 
 #: Reasons that look like the lease's, but say that something else went wrong.
@@ -383,7 +417,7 @@ def test_a_pass_fails_saying_the_fix_has_arrived():
     verdict = against_known_defect(Verdict(True, [], "verdict"), DRAIN)
     assert not verdict.passed and verdict.upstream_defect == ""
     (reason,) = verdict.reasons
-    assert reason.startswith("passed, but Dynamo issue 13952 was expected to fail it")
+    assert reason.startswith(f"passed, but {DRAIN.issue} was expected to fail it")
     assert "the fix has arrived; remove its entry from policies.KNOWN_DEFECTS" in reason
 
 
@@ -435,3 +469,32 @@ def test_a_short_answer_without_each_sign_of_the_race_is_a_plain_failure(sign):
     reasons = [r for r in RACED["decode_race/worker_stall-chat-tcp"] if sign not in r]
     verdict = judged(reasons, RACE)
     assert verdict.upstream_defect == "" and verdict.reasons == reasons
+
+
+ALL_DEFECTS = [
+    *KNOWN_DEFECTS.values(),
+    *KNOWN_RACES.values(),
+    *KNOWN_DIVERGENCES.values(),
+]
+KNOWN_ISSUES = Path(__file__).resolve().parents[2] / "docs" / "known-issues.md"
+
+
+@pytest.mark.parametrize("defect", ALL_DEFECTS, ids=lambda d: f"{d.issue} {d.fault}")
+def test_every_citation_can_flip(defect):
+    """A strict expected failure cites an open upstream issue, a document of Dynamo's that
+    says the behaviour is meant (a divergence), or a finding of handoff's own: an entry of
+    docs/known-issues.md that reproduces it and says what to report. Never a merged fix."""
+    if defect.issue.startswith("handoff finding"):
+        text = KNOWN_ISSUES.read_text()
+        heading = f"## {defect.issue}\n"
+        assert heading in text, f"docs/known-issues.md has no entry {heading!r}"
+        entry = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        assert "**Reproduce:** `nox -s " in entry
+        assert "**The report to file upstream:**" in entry
+    else:
+        assert re.fullmatch(r"Dynamo (?:issue \d+|PR \d+ \(its [\w -]+ document\))", defect.issue)
+        assert defect.issue not in MERGED_FIXES, f"{defect.issue} was merged: it cannot flip"
+
+
+#: Upstream fixes merged before Dynamo 1.6.1 that a citation once named.
+MERGED_FIXES = ("Dynamo issue 13952", "Dynamo PR 13952")

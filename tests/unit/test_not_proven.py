@@ -67,16 +67,18 @@ def test_a_verdict_that_says_it_passed_with_a_check_not_made_is_not_proven():
 def test_a_known_defect_with_a_check_not_made_is_not_proven():
     """The defect's xfail says every other promise held: an unmade check cannot say so."""
     reasons = DRAINED["aggregate/migration_enabled-drain_expired-chat-stream-nats"]
-    verdict = against_known_defect(Verdict(False, reasons, "verdict", unproven=[UNMADE]), DRAIN)
+    witnessed = {DRAIN.witness.key: (True, "read")}
+    unmade = Verdict(False, reasons, "verdict", unproven=[UNMADE], witnessed=dict(witnessed))
+    verdict = against_known_defect(unmade, DRAIN)
     assert verdict.upstream_defect and verdict.outcome == NOT_PROVEN
-    alone = against_known_defect(Verdict(False, list(reasons), "verdict"), DRAIN)
-    assert alone.outcome == KNOWN_DEFECT
+    alone = Verdict(False, list(reasons), "verdict", witnessed=dict(witnessed))
+    assert against_known_defect(alone, DRAIN).outcome == KNOWN_DEFECT
 
 
 def test_a_defect_that_showed_in_no_check_made_has_its_fix():
     verdict = against_known_defect(judged(), DRAIN)
     assert verdict.outcome == FAILED
-    assert verdict.reasons[0].startswith("passed, but Dynamo issue 13952 was expected to fail")
+    assert verdict.reasons[0].startswith(f"passed, but {DRAIN.issue} was expected to fail")
     assert verdict.unproven == [UNMADE]
 
 

@@ -6,6 +6,7 @@ import pytest
 from test_known_defects import RACED
 
 from handoff.cases import Case
+from handoff.errors import MissedAfterFault, MissedWindow
 from handoff.history import History
 from handoff.policies import KNOWN_RACES, RACE_TRIALS
 from handoff.responses import single
@@ -32,10 +33,18 @@ def trials(
     return single.exercise_race(run), variants
 
 
+RACE = KNOWN_RACES["decode_race", "worker_stall"]
+
+
+def raced(seen: bool | None = True) -> Verdict:
+    """A trial that failed with the race's reasons, its witness read as `seen`."""
+    return Verdict(False, list(RACED_REASONS), witnessed={RACE.witness.key: (seen, "read")})
+
+
 def test_the_race_seen_at_a_trial_ends_them_as_the_known_defect(monkeypatch):
-    verdict, variants = trials(monkeypatch, [Verdict(True), Verdict(False, list(RACED_REASONS))])
+    verdict, variants = trials(monkeypatch, [Verdict(True), raced()])
     assert variants == [7, 8]
-    assert verdict.upstream_defect == KNOWN_RACES["decode_race", "worker_stall"].describe()
+    assert verdict.upstream_defect == RACE.describe()
     assert "trial 2 of 24 failed" in verdict.notes
 
 
@@ -65,3 +74,34 @@ def test_a_trial_not_proven_goes_on_and_leaves_the_case_not_proven(monkeypatch, 
     assert len(variants) == RACE_TRIALS["worker_stall"]
     assert verdict.outcome == "not proven" and verdict.reasons == []
     assert verdict.unproven == [f"trial {at}: the boundary is unknown"]
+
+
+def test_the_races_reasons_without_its_witness_are_a_plain_failure(monkeypatch):
+    verdict, _ = trials(monkeypatch, [raced(False)])
+    assert verdict.outcome == "failed" and verdict.upstream_defect == ""
+    assert verdict.reasons[-1].startswith(f"not {RACE.issue}: its witness is not there")
+
+
+def test_a_trial_whose_fault_was_never_made_goes_on(monkeypatch):
+    """A window missed before the fault leaves the deployment as it was: the trials go on, and
+    the race seen later is still the defect."""
+    given = iter([MissedWindow("the response had ended complete when held"), raced()])
+
+    def judged_once(run: CaseRun) -> Verdict:
+        outcome = next(given)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(single, "judged_once", judged_once)
+    verdict = single.exercise_race(CaseRun(None, RACE_CASE, None, None, History(), variant=7))
+    assert verdict.upstream_defect == RACE.describe()
+
+
+def test_a_window_missed_after_the_fault_ends_the_trials(monkeypatch):
+    def judged_once(run: CaseRun) -> Verdict:
+        raise MissedAfterFault("etcd was back past the lease")
+
+    monkeypatch.setattr(single, "judged_once", judged_once)
+    with pytest.raises(MissedAfterFault):
+        single.exercise_race(CaseRun(None, RACE_CASE, None, None, History(), variant=7))

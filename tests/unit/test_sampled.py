@@ -10,7 +10,13 @@ import pytest
 from handoff.cases import topology
 from handoff.client import Chunk, Response
 from handoff.continuity import Continuity, Migration, Takeover
-from handoff.policies import KNOWN_DEFECTS, KNOWN_DIVERGENCES, NOT_GIVEN, RESUMED_AFRESH
+from handoff.policies import (
+    KNOWN_DEFECTS,
+    KNOWN_DIVERGENCES,
+    NOT_GIVEN,
+    RESUMED_AFRESH,
+    RESUMED_AFRESH_WITNESS,
+)
 from handoff.responses import sampled
 from handoff.responses.sampled import DEPARTS
 
@@ -106,7 +112,14 @@ def test_the_documented_divergence_explains_its_own_reason_alone(topology):
     assert defect.unexplained([afresh]) == []
     assert defect.unexplained([ungiven]) == [ungiven]
     assert defect.unexplained([plain]) == [plain]
-    assert "PR 13600" in defect.issue
+    assert "PR 13600" in defect.issue or defect.issue.startswith("handoff finding")
+
+
+def test_a_text_one_wrong_successor_gives_is_the_divergences_witness():
+    found = judged(AFRESH)
+    seen, said = found.witnessed[RESUMED_AFRESH_WITNESS.key]
+    assert seen and "sampling state began there" in said
+    assert judged(UNGIVEN).witnessed == {}
 
 
 def test_a_divergence_of_a_topology_shadows_no_faults_own_defect():

@@ -52,16 +52,17 @@ def pool_label(backend, case) -> str:
     return PoolKey.of(backend, case, backend.roles(case.topology)).label
 
 
-@pytest.fixture
-def run(pytester, monkeypatch, tmp_path):
-    """An in-process qualification run; returns (result, what each case saw)."""
+def machine_of_the_test(monkeypatch, tmp_path) -> tuple[FakeNvml, list[int]]:
+    """No CUDA variables, the test's own lease and state folders, two CPU slots and a GPU of
+    24 GiB; the backend named "fakegpu" is `FakeGpuBackend` on the mocker's settings. The
+    GPU, and a list that grows each time it is opened."""
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
     monkeypatch.setenv("HANDOFF_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setattr(scheduling, "cpu_slots", lambda: Slots(2, "2 CPUs in the test's mask"))
     nvml = FakeNvml(24, 24)
-    opened = []
+    opened: list[int] = []
     monkeypatch.setattr(scheduling, "open_nvml", lambda: opened.append(1) or nvml)
     real = pytest_plugin.configured_backend
 
@@ -74,6 +75,13 @@ def run(pytester, monkeypatch, tmp_path):
         return backend
 
     monkeypatch.setattr(pytest_plugin, "configured_backend", configured)
+    return nvml, opened
+
+
+@pytest.fixture
+def run(pytester, monkeypatch, tmp_path):
+    """An in-process qualification run; returns (result, what each case saw)."""
+    nvml, opened = machine_of_the_test(monkeypatch, tmp_path)
     seen = []
 
     def run_case(backend, case, folder, settings, timeout_s, pools=None):

@@ -118,7 +118,7 @@ def test_a_partition_heals_as_soon_as_the_move_is_counted():
 
 def test_a_race_resumes_a_stalled_worker_the_instant_the_move_is_counted():
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History(), race=True)
+    heal = Heal(holder, report("worker_stall"), History(), race=lambda: 0)
     heal.after_move([response(12)])
     assert holder.signals == [signal.SIGCONT]
 
@@ -126,7 +126,7 @@ def test_a_race_resumes_a_stalled_worker_the_instant_the_move_is_counted():
 def test_a_race_keeps_a_cut_off_worker_cut_off_until_the_responses_end():
     """Healed, it would hear the cancellation and drop the request it lost: no race left."""
     holder, cut = Holder(), Cut()
-    heal = Heal(holder, report("partition", cut), History(), race=True)
+    heal = Heal(holder, report("partition", cut), History(), race=lambda: 0)
     heal.after_move([response(12)])
     heal.resume_by = heal.moved_at = time.monotonic() - MOVE_SETTLE_S - 0.01
     heal.after_move([response(13)])
@@ -134,3 +134,14 @@ def test_a_race_keeps_a_cut_off_worker_cut_off_until_the_responses_end():
     assert cut.healed == 0
     heal()
     assert cut.healed == 1
+
+
+def test_a_race_records_the_lost_request_running_once_its_engine_shows_it():
+    """The race's witness (`policies.LOST_RAN_ON`): after the move the stalled worker's engine
+    is read until it reports a request running, once."""
+    holder, history, readings = Holder(), History(), iter([None, 0, 1, 1])
+    heal = Heal(holder, report("worker_stall"), history, race=lambda: next(readings))
+    for chunks in (12, 12, 12, 12):
+        heal.after_move([response(chunks)])
+    running = [e.data for e in history.events if e.name == "lost_request_running"]
+    assert running == [{"worker": holder.name, "running": 1}]

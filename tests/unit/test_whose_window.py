@@ -66,18 +66,53 @@ NONE = MigrationCounts(0, 0, 0, 0, 0)
 ENABLED = OUTCOMES[("decoding", "migration_enabled")]
 
 
+#: (fault, its room proven at the SIGTERM, seconds from the SIGTERM to the response's end):
+#: the verdict. A drain_expired worker's own 1 s timeout ends the request: one it let end
+#: complete with room proven, or well past its timeout, it served on past its drain. A
+#: graceful_shutdown's SIGKILL is the harness's at 2 s: a response over after the bound
+#: (the SIGKILL late) is the harness's miss, room or not; over before it with room, the
+#: system's.
+DRAINS_ENDED = {
+    "expired, sent late, ended in its timeout": ("drain_expired", False, 0.8, NOT_PROVEN),
+    "expired, room proven": ("drain_expired", True, 0.8, FAILED),
+    "expired, no room known, ran on past its timeout": ("drain_expired", False, 3.5, FAILED),
+    "graceful, room proven, over before the bound": ("graceful_shutdown", True, 1.5, FAILED),
+    "graceful, room proven, SIGKILL late": ("graceful_shutdown", True, 2.6, NOT_PROVEN),
+    "graceful, sent late": ("graceful_shutdown", False, 1.5, NOT_PROVEN),
+}
+
+
 @pytest.mark.parametrize(
-    ("room_proven", "outcome"), [(False, NOT_PROVEN), (True, FAILED)], ids=["late", "room"]
+    ("fault", "room_proven", "after_s", "outcome"),
+    DRAINS_ENDED.values(),
+    ids=DRAINS_ENDED.keys(),
 )
-def test_a_drain_that_let_its_request_finish_is_missed_only_when_sent_late(room_proven, outcome):
-    """A drained worker ended the request complete within its drain, no move counted: where
-    the SIGTERM went out with less left than the drain's wait, the harness was late; where the
-    request had more left, the worker served it on past its drain: the system's failure."""
-    drained = FaultReport("drain_expired", "worker-1", 2, ("SIGTERM",), True)
-    drained = replace(drained, room_proven=room_proven)
+def test_a_drain_that_let_its_request_finish_is_missed_only_where_its_timing_excuses_it(
+    fault, room_proven, after_s, outcome
+):
+    """A drained worker ended the request complete within its drain, no move counted: the
+    harness's miss, or the worker's serving on past its drain, as the drain's own timing says
+    (`FaultReport.blames`)."""
+    bound_s = faults.runs_on_for(fault, 2.0)
+    signals = ("SIGTERM",) if fault == "drain_expired" else ("SIGTERM", "SIGKILL")
+    drained = FaultReport(fault, "worker-1", 2, signals, True)
+    drained = replace(drained, room_proven=room_proven, signalled_at=100.0, bound_s=bound_s)
     response = over().response
+    response.finished_at = 100.0 + after_s
     verdict = judge(ENABLED, "migration_enabled", response, NONE, drained, 8, "exact")
     assert verdict.outcome == outcome, verdict.summary()
-    if room_proven:
-        assert verdict.reasons[0].startswith("the response ended complete before SIGTERM reached")
+    if outcome == FAILED:
+        assert verdict.reasons[0].startswith("the response ended complete before SIG")
         assert verdict.reasons[0].endswith("worker-1 served it on past its drain")
+
+
+def test_a_holder_held_after_generating_the_whole_response_is_a_missed_window():
+    """Every token out, the frontend still delivering: the worker holds nothing, and a fault
+    on it would leave a response that completes with no move, blamed on the system."""
+    inflight = SimpleNamespace(finished=False, response=Response(200))
+    tokens = [7]
+    watch = faults.Watch(inflight, all_out=(lambda: tokens[0], 8))
+    assert watch.outside("when held") is None
+    tokens[0] = 8
+    missed = watch.outside("when held")
+    assert isinstance(missed, MissedWindow) and "all 8 tokens were out when held" in str(missed)

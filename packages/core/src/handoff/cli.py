@@ -52,6 +52,45 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None) -> int:
+    parser = command_line()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "profile":  # its own parser: handoff.sharing.profiling
+        return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
+    if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return dispatched(args, [a for a in extra if a != "--"])
+    except HandoffError as exc:
+        print(f"handoff: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def dispatched(args: argparse.Namespace, passed: list[str]) -> int:
+    """Run the command `args` names; `passed`: what qualify and nightly pass to pytest."""
+    if args.command == "backends":
+        return list_backends()
+    if args.command == "coverage":
+        return show_coverage(args.backend, args.device, args.topology, args.selection)
+    if args.command == "config":
+        return show_config(args.backend, args.device)
+    if args.command == "qualify":
+        return qualify_backend(args.backend, args.selection, args.image, passed)
+    if args.command == "nightly":
+        return nightly_run(args.image, Path(args.logs), passed, args.require)
+    if args.command == "report":
+        return report.report(args.run_dir)
+    if args.command == "doctor":
+        return doctor.main()
+    if args.command == "durations":
+        return write_durations(args.run_dirs, args.output)
+    if args.command == "merge":
+        merge.merge(args.run_dirs, args.output)
+        return report.report(args.output)
+    return list_cases(args.backend, args.device, args.topology, args.selection)
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The `handoff` command and its subcommands."""
     parser = argparse.ArgumentParser(prog="handoff", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("backends", help="installed backends, versions and topologies")
@@ -93,6 +132,12 @@ def run(argv: list[str] | None) -> int:
         "--require", action="append", default=[], metavar="BACKEND",
         help="fail the night unless this backend ran (repeatable): an engine skipped is not green",
     )  # fmt: skip
+    add_run_folder_commands(commands)
+    return parser
+
+
+def add_run_folder_commands(commands: argparse._SubParsersAction) -> None:
+    """The commands that read past runs' folders, and the doctor."""
     past_run = commands.add_parser(
         "report", help="a run's case table and failures; writes report.html in its folder"
     )
@@ -111,38 +156,6 @@ def run(argv: list[str] | None) -> int:
     )
     shards.add_argument("run_dirs", metavar="RUN_DIR", type=Path, nargs="+")
     shards.add_argument("-o", "--output", type=Path, required=True, help="the merged run folder")
-    args, extra = parser.parse_known_args(argv)
-    if args.command == "profile":  # its own parser: handoff.sharing.profiling
-        return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
-    if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        if args.command == "backends":
-            return list_backends()
-        if args.command == "coverage":
-            return show_coverage(args.backend, args.device, args.topology, args.selection)
-        if args.command == "config":
-            return show_config(args.backend, args.device)
-        if args.command == "qualify":
-            return qualify_backend(
-                args.backend, args.selection, args.image, [a for a in extra if a != "--"]
-            )
-        if args.command == "nightly":
-            pytest_args = [a for a in extra if a != "--"]
-            return nightly_run(args.image, Path(args.logs), pytest_args, args.require)
-        if args.command == "report":
-            return report.report(args.run_dir)
-        if args.command == "doctor":
-            return doctor.main()
-        if args.command == "durations":
-            return write_durations(args.run_dirs, args.output)
-        if args.command == "merge":
-            merge.merge(args.run_dirs, args.output)
-            return report.report(args.output)
-        return list_cases(args.backend, args.device, args.topology, args.selection)
-    except HandoffError as exc:
-        print(f"handoff: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def list_backends() -> int:

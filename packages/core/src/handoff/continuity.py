@@ -85,6 +85,8 @@ class Continuity:
     unproven: list[str] = field(default_factory=list)
     #: The runs of tokens, one a worker, where the tokens name their worker.
     runs: sequences.Runs | None = None
+    #: A known defect's mechanism, where the text itself shows it (`Verdict.witnessed`).
+    witnessed: dict[str, tuple[bool | None, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,37 @@ def check(
     else:
         result.notes.append(f"the migrated text equals {compared_with} exactly")
         settle_boundary(result, compared_with)
+    return result
+
+
+def delivered(
+    response: Response,
+    count: TokenCounter,
+    baseline: str | None,
+    compared_with: str,
+    ids: TokenIds | None = None,
+    origin: sequences.TokenOrigin | None = None,
+) -> Continuity:
+    """What a response that did not complete (an error, a cut) delivered before its end: the
+    beginning of the text it owes, nothing repeated and nothing else; where its tokens name
+    their worker, each run unbroken. A refused move owes no more, but no less true."""
+    result = Continuity()
+    if not response.text:
+        return result
+    told = told_runs(response, ids, origin)
+    if told is not None:
+        result.problems += told.problems
+        result.runs = told
+    if baseline is not None and not baseline.startswith(response.text):
+        at = first_divergence(baseline, response.text)
+        assert at is not None
+        token = differing_token(baseline, response.text, at, count)
+        where = f"token {token} (character {at})" if token is not None else f"character {at}"
+        result.problems.append(
+            f"the text delivered before the response ended departs from {compared_with} at "
+            f"{where}: {baseline[at : at + 40]!r} expected, {response.text[at : at + 40]!r} "
+            f"received"
+        )
     return result
 
 
@@ -384,6 +417,24 @@ def context_problems(
         if (record := held(response, migration, carried, ids)) is not None:
             problems += identity_problems(record, carried, max_tokens, total, taken, result)
         return problems
+    return timed_context(response, max_tokens, migration, frames, context_is, result, ids)
+
+
+def timed_context(
+    response: Response,
+    max_tokens: int,
+    migration: Migration,
+    frames: list[tuple[float, int | None]],
+    context_is: str,
+    result: Continuity,
+    ids: TokenIds | None,
+) -> list[str]:
+    """`context_problems` where the tokens do not name their worker: what the client had read
+    before the new worker could send (causality), the worker's own record of its context, or
+    the pause before its first token (`boundary`)."""
+    taken = migration.takeover
+    assert taken is not None
+    carried = (response.usage or {})["prompt_tokens"] - migration.prompt_tokens
     counts = [n for _, n in frames if n is not None]
     if len(frames) < 2 or len(counts) < len(frames):
         why = "the client read the response whole" if len(frames) < 2 else "tokens not counted"

@@ -19,6 +19,11 @@ class MissedWindow(Exception):
     (`faults.require_room`), never failed; the message says what was late, and by how much."""
 
 
+class MissedAfterFault(MissedWindow):
+    """A missed window found once the fault was made (a premise unmet, every request already
+    over): the deployment is no longer as it was, and no later trial may run on it."""
+
+
 class ConnectionCut(CaseFailure):
     """The client's connection to the frontend broke before any fault reached its request: the
     frontend's own state then (exited, stopped, running) is the cause to read, and the case's

@@ -70,6 +70,10 @@ RATE_WINDOW_S = 0.5
 #: case's request; after it, the worker must exit on its own within DRAIN_EXIT_S.
 DRAIN_TIMEOUT_S = 1
 DRAIN_EXIT_S = 15.0
+#: How long past its own drain timeout a worker may still deliver a request's last tokens (its
+#: runtime's teardown, the client's read) before a response it let end complete is one it
+#: served on past that timeout (`FaultReport.blames`).
+SERVED_PAST_S = 1.0
 #: What a fault needs of the workers of its pool beyond the backend's launch: a tag for the
 #: pool's key (its workers are not interchangeable with others') and their environment.
 WORKER_ENV = {
@@ -142,10 +146,13 @@ def completed(inflight: InFlight) -> bool:
 @dataclass(frozen=True)
 class Watch:
     """One request a fault must land on while it is in its window: open, and, in a prefill
-    window (`tokens_out` given), with no token out yet."""
+    window (`tokens_out` given), with no token out yet; with `all_out` given (the tokens out,
+    and how many the request asks), not every token out yet: a worker that has generated the
+    whole response holds nothing, whatever the frontend still has to deliver."""
 
     inflight: InFlight
     tokens_out: Callable[[], int] | None = None
+    all_out: tuple[Callable[[], int], int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -159,6 +166,11 @@ class Watch:
             return MissedWindow(
                 f"{out} token(s) were out {when}: the prefill had ended, and the request with "
                 f"it: {self.inflight.response.summary()}"
+            )
+        if self.all_out is not None and (out := self.all_out[0]()) >= self.all_out[1]:
+            return MissedWindow(
+                f"all {out} tokens were out {when}: the worker had generated the whole "
+                f"response, which the frontend was still delivering"
             )
         return None
 
@@ -214,6 +226,25 @@ class FaultReport:
     room_proven: bool = False
     #: When the first signal went out (monotonic).
     signalled_at: float = 0.0
+    #: A drain's wait after its SIGTERM (`runs_on_for`), and the harness's lag measured on the
+    #: way to it (`Proof.lag_s`).
+    bound_s: float | None = None
+    lag_s: float = 0.0
+
+    def blames(self, ended_at: float) -> bool:
+        """Whether a response the drain's holder let end complete at `ended_at` (monotonic),
+        with no move counted, is the system's doing rather than the harness's lateness:
+        drain_expired, where the worker's own timeout ends it, with the request's room proven
+        at the SIGTERM, or ended well past that timeout (`SERVED_PAST_S`, and twice the lag);
+        graceful_shutdown, where the harness's SIGKILL ends it, with its room proven and ended
+        before the bound had even passed (a late SIGKILL is the harness's)."""
+        if self.bound_s is None:
+            return False
+        bound_at = self.signalled_at + self.bound_s
+        if self.fault == "drain_expired":
+            slack = SERVED_PAST_S + LAG_SLOWER_BY * self.lag_s
+            return self.room_proven or ended_at > bound_at + slack
+        return self.room_proven and ended_at < bound_at
 
 
 def find_holder(
@@ -298,6 +329,8 @@ def prove_in_flight(
             deadline,
             f"a first token, once {holder.name} no longer reported the request",
         )
+        if not tokens_seen():  # it ended with no token: lost at the handover, not late
+            raise ended_before(inflight, f"once {holder.name} no longer reported it")
         raise MissedWindow(f"{gone}; its prefill had ended: a token followed")
     return Proof(f"{seen} {what}, response open, {holder.name} reports it in flight", lag_s)
 
@@ -401,10 +434,15 @@ def drain(
     is read at that moment (`FaultReport`)."""
     process = holder.process
     signalled_at = time.monotonic()
-    process.signal_leader(signal.SIGTERM)
+    if not process.signal_leader(signal.SIGTERM):
+        raise CaseFailure(
+            f"{holder.name} (pid {process.pid}) had ended before its SIGTERM, by itself: "
+            f"exit code {process.exit_code()}"
+        )
     process.tree()  # remember the descendants before the parent, draining, can orphan them
     drained = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
-    drained = replace(drained, signalled_at=signalled_at)
+    bound_s = runs_on_for(fault, graceful_bound_s)
+    drained = replace(drained, signalled_at=signalled_at, bound_s=bound_s)
     if fault == "drain_expired":
         if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
             raise CaseFailure(

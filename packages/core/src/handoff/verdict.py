@@ -3,6 +3,7 @@ frontend's counters saw."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,9 @@ class Verdict:
     #: Each check the case exists for that could not be made, with why: not proven, never a
     #: pass (a failure still outranks it).
     unproven: list[str] = field(default_factory=list)
+    #: What the case read of a known defect's mechanism (`policies.Witness`), by its key: seen
+    #: or not (None: the reading failed), and what was read.
+    witnessed: dict[str, tuple[bool | None, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.passed = self.passed and not self.unproven
@@ -197,8 +201,8 @@ def judge(
     # A drained worker may hand the request over at SIGTERM already (vLLM with no grace
     # period: the frontend migrates, or refuses to, at once); then the fault took effect before
     # the SIGKILL, and the frontend counted it. A response over before the last signal with no
-    # migration counted is a fault that came too late, unless the drain was sent with its room
-    # proven: then the worker served on past its drain.
+    # migration counted is a fault that came too late, unless the drain's own timing says the
+    # worker served it on past its drain (`FaultReport.blames`).
     migrated = counts.moves
     ended_whole = not completion_problems(response, max_tokens, finish)
     early = (
@@ -206,17 +210,20 @@ def judge(
     )
     sent = f"{fault.signals[-1]} reached {fault.worker}"
     when = f"in the graceful bound after {sent}" if fault.finished_in_grace else f"before {sent}"
-    if early and not fault.room_proven:  # the harness's miss (`faults.require_room`)
+    ended_at = response.finished_at if response.finished_at is not None else time.monotonic()
+    blamed = early and fault.blames(ended_at)
+    if early and not blamed:  # the harness's miss (`faults.require_room`)
         missed = (
             f"{MISSED_WINDOW}: the response had ended complete {when}, and the frontend "
             f"counted no migration"
         )
         found = [*cache_problems(response), *evidence]
         return Verdict(False, found, "verdict", unproven=[missed, *unproven])
-    if early:
+    if blamed:
         problems.append(
             f"the response ended complete {when}, though it had more left than the drain's "
-            f"wait when the drain began: {fault.worker} served it on past its drain"
+            f"wait when the drain began, or ran on past it: {fault.worker} served it on past "
+            f"its drain"
         )
     problems += request_problems(expected, policy_name, response, max_tokens, True, finish)
     if expected.ongoing_request + expected.new_request and not migrated:
@@ -269,6 +276,27 @@ def against_known_defect(
             *verdict.reasons,
             f"not {defect.issue} alone: it does not explain: " + " | ".join(unexplained),
         ]
-    else:
+        return verdict
+    return witnessed(verdict, defect)
+
+
+def witnessed(verdict: Verdict, defect: KnownDefect) -> Verdict:
+    """A failure the defect explains whole is the defect only where its mechanism was read
+    from the system (`KnownDefect.witness`): read and not there, or never read, a plain
+    failure that says so; a reading that failed, not proven."""
+    seen, said = verdict.witnessed.get(defect.witness.key, (False, "never read"))
+    if seen is not False:  # the defect, or (unread) a check unmade, which outranks it
         verdict.upstream_defect = defect.describe()
+    if seen:
+        verdict.notes = [*verdict.notes, f"{defect.issue}'s witness: {said}"]
+    elif seen is None:
+        verdict.unproven = [
+            *verdict.unproven,
+            f"{defect.issue}'s witness could not be read ({defect.witness.what}): {said}",
+        ]
+    else:
+        verdict.reasons = [
+            *verdict.reasons,
+            f"not {defect.issue}: its witness is not there ({defect.witness.what}): {said}",
+        ]
     return verdict

@@ -233,63 +233,91 @@ def _tabu(
     changed cells were changed within the last few moves only if that beats the best yet).
     A changed row that breaks a constraint is repaired: the nearest allowed row (first found
     keeping its other cells) holding the interaction. None if `moves` run out."""
-    space = ix.space
-    k, terms, rules = len(space.names), _terms(ix), space.rules
-    rows = [list(r) for r in start]
-    count = [0] * ix.total
-    for r in rows:
-        for i in ix.ids(r):
-            count[i] += 1
-    where = [-1] * ix.total
-    open_: list[int] = []
-    for i in range(ix.total):
-        if ix.required[i] and not count[i]:
-            where[i] = len(open_)
-            open_.append(i)
-    touched: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    cells: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    until = [[-1] * k for _ in rows]
-    tenure, best = 1 + len(rows) // 4, len(open_)
+    search = _Search(ix, start)
+    tenure, best = 1 + len(search.rows) // 4, len(search.open_)
     for move in range(moves):
-        if not open_:
-            return rows
-        tau = open_[rng.below(len(open_))]
-        if tau not in cells:
-            cells[tau] = ix.cells(tau)
-        cols, vals = cells[tau]
-        least, options = 0, []
-        for r in range(fixed, len(rows)):
-            old = rows[r]
+        if not search.open_:
+            return search.rows
+        tau = search.open_[rng.below(len(search.open_))]
+        options = search.options(tau, fixed, move, best)
+        if not options:
+            continue
+        r, new, changed = options[rng.below(len(options))] if len(options) > 1 else options[0]
+        search.change(r, new, changed)
+        for c in changed:
+            search.until[r][c] = move + tenure
+        best = min(best, len(search.open_))
+    return search.rows if not search.open_ else None
+
+
+class _Search:
+    """The tabu search's state: the rows, how often each interaction is covered, the uncovered
+    ones (`open_`, with each one's place in it), and until which move each cell is tabu."""
+
+    def __init__(self, ix: Interactions, start: list[list[int]]) -> None:
+        self.ix, self.space = ix, ix.space
+        self.k, self.terms = len(ix.space.names), _terms(ix)
+        self.rows = [list(r) for r in start]
+        self.count = [0] * ix.total
+        for r in self.rows:
+            for i in ix.ids(r):
+                self.count[i] += 1
+        self.where = [-1] * ix.total
+        self.open_: list[int] = []
+        for i in range(ix.total):
+            if ix.required[i] and not self.count[i]:
+                self.where[i] = len(self.open_)
+                self.open_.append(i)
+        self.touched: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self.cells: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.until = [[-1] * self.k for _ in self.rows]
+
+    def options(
+        self, tau: int, fixed: int, move: int, best: int
+    ) -> list[tuple[int, list[int], tuple[int, ...]]]:
+        """The rows (from `fixed` on) whose change to cover `tau` leaves the fewest uncovered,
+        each with its new cells and which changed; tabu ones only where they beat `best`."""
+        if tau not in self.cells:
+            self.cells[tau] = self.ix.cells(tau)
+        cols, vals = self.cells[tau]
+        count, least, options = self.count, 0, []
+        for r in range(fixed, len(self.rows)):
+            old = self.rows[r]
             new = old.copy()
             for c, v in zip(cols, vals, strict=True):
                 new[c] = v
-            if rules and not space.allows(new):
-                repaired = space.find_row(dict(zip(cols, vals, strict=True)), prefer=old)
+            if self.space.rules and not self.space.allows(new):
+                repaired = self.space.find_row(dict(zip(cols, vals, strict=True)), prefer=old)
                 if repaired is None:
                     continue
                 new = repaired
-            changed = tuple(c for c in range(k) if new[c] != old[c])
-            if changed not in touched:
-                touched[changed] = [
-                    t for t in terms if t[1] in changed or t[3] in changed or t[5] in changed
-                ]
+            changed = tuple(c for c in range(self.k) if new[c] != old[c])
             delta = 0
-            for off, a, ma, b, mb, c, mc in touched[changed]:
+            for off, a, ma, b, mb, c, mc in self._touched(changed):
                 if count[off + old[a] * ma + old[b] * mb + old[c] * mc] == 1:
                     delta += 1
                 if not count[off + new[a] * ma + new[b] * mb + new[c] * mc]:
                     delta -= 1
-            if any(until[r][c] > move for c in changed) and len(open_) + delta >= best:
+            tabu = any(self.until[r][c] > move for c in changed)
+            if tabu and len(self.open_) + delta >= best:
                 continue
             if not options or delta < least:
                 least, options = delta, [(r, new, changed)]
             elif delta == least:
                 options.append((r, new, changed))
-        if not options:
-            continue
-        r, new, changed = options[rng.below(len(options))] if len(options) > 1 else options[0]
-        old = rows[r]
-        for off, a, ma, b, mb, c, mc in touched[changed]:
+        return options
+
+    def _touched(self, changed: tuple[int, ...]) -> list[tuple[int, ...]]:
+        if changed not in self.touched:
+            self.touched[changed] = [
+                t for t in self.terms if t[1] in changed or t[3] in changed or t[5] in changed
+            ]
+        return self.touched[changed]
+
+    def change(self, r: int, new: list[int], changed: tuple[int, ...]) -> None:
+        """Row `r` becomes `new`: the counts and the uncovered follow."""
+        old, count, where, open_ = self.rows[r], self.count, self.where, self.open_
+        for off, a, ma, b, mb, c, mc in self._touched(changed):
             i = off + old[a] * ma + old[b] * mb + old[c] * mc
             count[i] -= 1
             if not count[i]:
@@ -303,11 +331,7 @@ def _tabu(
                     where[last] = where[i]
                 where[i] = -1
             count[i] += 1
-        rows[r] = new
-        for c in changed:
-            until[r][c] = move + tenure
-        best = min(best, len(open_))
-    return rows if not open_ else None
+        self.rows[r] = new
 
 
 def _smallest(ix: Interactions, moves: int) -> list[list[int]]:

@@ -190,6 +190,12 @@ class Cluster:
         ttl = int(self.call(None, "/v3/lease/timetolive", {"ID": lease}).get("TTL", 0))
         return None if ttl < 0 else ttl
 
+    def leases(self) -> set[int]:
+        """Every lease etcd holds now, by id."""
+        return {
+            int(lease["ID"]) for lease in self.call(None, "/v3/lease/leases", {}).get("leases", [])
+        }
+
     def shortest_lease(self) -> int:
         """The seconds the lease nearest its end has left, of every lease etcd holds."""
         leases = self.call(None, "/v3/lease/leases", {}).get("leases", [])

@@ -126,13 +126,18 @@ class ManagedProcess:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)  # psutil refuses if the pid was reused by another process
 
-    def signal_leader(self, sig: signal.Signals) -> None:
+    def signal_leader(self, sig: signal.Signals) -> bool:
         """`sig` to the leader alone, with no look at /proc first (on a busy machine listing
-        its processes takes seconds); psutil refuses a pid reused by another process."""
+        its processes takes seconds); psutil refuses a pid reused by another process. Whether
+        it went out: False where the leader had ended."""
         leader = self._known.get(self.pid)
-        if leader is not None and self.alive(leader):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                leader.send_signal(sig)
+        if leader is None or not self.alive(leader):
+            return False
+        try:
+            leader.send_signal(sig)
+        except psutil.NoSuchProcess:
+            return False
+        return True
 
     def freeze(self, deadline: Deadline) -> None:
         """SIGSTOP the tree and wait until every thread of it is stopped. kill() returns once

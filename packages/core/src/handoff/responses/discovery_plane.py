@@ -35,7 +35,7 @@ from handoff.backend import Shape, Worker
 from handoff.cases import Case
 from handoff.client import Request, Response
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure, MissedWindow
+from handoff.errors import CaseFailure, MissedAfterFault
 from handoff.history import History
 from handoff.machine import etcd, firewall
 from handoff.machine.processes import ManagedProcess
@@ -146,7 +146,7 @@ def restarted(
     cluster.restart(members, deadline)
     back_s = time.monotonic() - killed_at
     if back_s >= lease_s:  # the case's premise, not the system's promise, went unmet
-        raise MissedWindow(
+        raise MissedAfterFault(
             f"etcd was back {back_s:.1f} s after its kill, past the shortest lease it held "
             f"({lease_s} s): no restart within the leases"
         )
@@ -215,7 +215,8 @@ def aftermath(
         problems += kept_serving(deployment, request, "after one etcd member was lost", history)
         restart_lost(deployment.pool, deadline, history)
     if fault == "etcd_restart":
-        problems += kept_serving(deployment, request, "after etcd came back", history)
+        watch = FrontendLease(deployment, history)
+        problems += kept_serving(deployment, request, "after etcd came back", history, watch)
         serves = not problems
     if fault == "etcd_loss":
         bound_s = deployment.pool.layout.lease_s + EXIT_S
@@ -288,13 +289,43 @@ def restart_lost(pool: Pool, deadline: Deadline, history: History) -> None:
     history.record("etcd_restarted", members=[m.name for m in lost])
 
 
+class FrontendLease:
+    """Reads the frontend's own leases from etcd, each time it is called: every lease etcd
+    holds that is no worker's (Dynamo 1.6.1: a worker's instance id is its lease), its seconds
+    left (None once it has ended), and whether the frontend still ran
+    (`frontend_lease_read`, what `responses.witnesses.lease_lapsed` reads). A reading that
+    failed is recorded as such."""
+
+    def __init__(self, deployment: Deployment, history: History) -> None:
+        assert deployment.pool.etcd is not None
+        self.cluster, self.deployment, self.history = deployment.pool.etcd, deployment, history
+        self.known: set[int] = set()
+
+    def __call__(self) -> None:
+        workers = set().union(*self.deployment.pool.instance_ids.values())
+        frontend = self.deployment.frontend
+        running = frontend is not None and frontend.exit_code() is None
+        try:
+            self.known |= self.cluster.leases() - workers
+            left = {f"{lease:x}": self.cluster.time_to_live(lease) for lease in sorted(self.known)}
+        except etcd.Unanswered as exc:
+            self.history.record("frontend_lease_read", failed=str(exc), frontend_running=running)
+            return
+        self.history.record("frontend_lease_read", left=left, frontend_running=running)
+
+
 def kept_serving(
-    deployment: Deployment, request: Request, after: str, history: History
+    deployment: Deployment,
+    request: Request,
+    after: str,
+    history: History,
+    watch: FrontendLease | None = None,
 ) -> list[str]:
     """From now (`after`: what befell etcd) for a lease and `LISTING_SLACK_S` more, a new
     request every `PROBE_EVERY_S` must complete. The first that fails ends the watch; the
     frontend is then given `EXIT_S` to end, and the processes of the case that ended are
-    named."""
+    named. `watch`, where given, reads the frontend's lease before each request and once the
+    frontend ended."""
     window_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
     since = time.monotonic()
     sent: list[float] = []
@@ -306,6 +337,8 @@ def kept_serving(
         if sent and now - sent[-1] < PROBE_EVERY_S:
             return None, f"{len(sent)} request(s) completed"
         sent.append(now)
+        if watch is not None:
+            watch()
         if found := one_request_problems(deployment, request, after, history):
             raise CaseFailure(f"{found[0]} ({now - since:.1f} s after)")
         return None, f"{len(sent)} request(s) completed"
@@ -313,7 +346,10 @@ def kept_serving(
     try:
         poll_until(probe, Deadline(window_s + recovery.PROBE_READ_S), "the deployment to serve")
     except CaseFailure as exc:
-        return [str(exc), *ended_after(deployment, after)]
+        ended = ended_after(deployment, after)
+        if watch is not None:
+            watch()
+        return [str(exc), *ended]
     history.record("kept_serving", seconds=window_s, requests=len(sent))
     return []
 

@@ -79,11 +79,17 @@ def checked_content(
     moved: Callable[[], continuity.Migration | None],
 ) -> continuity.Continuity:
     """A response that `completes` by its promise, and did, judged whole (`content`), with the
-    re-issued context that `moved` gives where it moved; any other has no content to judge."""
+    re-issued context that `moved` gives where it moved; any other by what it delivered before
+    its end (`continuity.delivered`)."""
     if completes and response.status == 200 and response.error is None:
         return content(request, response, owed, backend, moved())
-    unchecked = request.guide is not None and not backend.decodes_guides
-    return continuity.Continuity(notes=[guide_unchecked(backend)] if unchecked else [])
+    found = continuity.delivered(
+        response, backend.output_tokens, owed.text, owed.compared_with,
+        ids=backend.output_token_ids, origin=backend.token_origin if request.annotated else None,
+    )  # fmt: skip
+    if request.guide is not None and not backend.decodes_guides:
+        found.notes.append(guide_unchecked(backend))
+    return found
 
 
 def content(

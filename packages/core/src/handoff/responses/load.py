@@ -17,16 +17,15 @@ from handoff.backend import Backend, Shape, Worker
 from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure, MissedWindow
+from handoff.errors import CaseFailure, MissedAfterFault
 from handoff.history import History, resumption_s
 from handoff.machine.pace import Pace, paced
 from handoff.machine.worker_logs import received
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import evidence, joining, recovery, waits
+from handoff.responses import evidence, joining, recovery, waits, witnesses
 from handoff.verdict import (
     Verdict,
-    against_known_defect,
     count_problems,
 )
 
@@ -152,7 +151,7 @@ def exercise_load(run: waits.CaseRun) -> Verdict:
     verdict.passed = not verdict.reasons and not verdict.unproven
     # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
     defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
-    return against_known_defect(verdict, defect, victim.name)
+    return witnesses.judged_against(verdict, defect, deployment, victim, history, victim.name)
 
 
 def await_load(
@@ -274,15 +273,28 @@ def in_window(
     with the rest."""
     if not (fault.response_done_at_kill or fault.finished_in_grace):
         return victims
-    ended = [h for h in victims if h.inflight.finished and faults.completed(h.inflight)]
+    ended = [h for h in victims if spared(fault, h.inflight)]
     url, model = deployment.base_url + "/metrics", deployment.model_name
     if not ended or handed_over_at_sigterm(fault, len(ended), url, model, before, deadline):
         return victims
     if cut := [h for h in victims if h not in ended]:
         return cut
-    raise MissedWindow(
+    raise MissedAfterFault(
         f"{', '.join(h.label() for h in ended)} had ended complete before {fault.signals[-1]} "
         f"reached {fault.worker}, every request it held, and the frontend counted no move"
+    )
+
+
+def spared(fault: faults.FaultReport, inflight: InFlight) -> bool:
+    """A victim's request the drain let end complete, its end explained by the drain's own
+    timing (not `FaultReport.blames`): a request the worker served on past its drain timeout
+    stays cut, and is judged so."""
+    ended_at = inflight.response.finished_at
+    return (
+        inflight.finished
+        and faults.completed(inflight)
+        and ended_at is not None
+        and not fault.blames(ended_at)
     )
 
 

@@ -142,14 +142,21 @@ class Heal:
     that a frontend that never moves it hangs."""
 
     def __init__(
-        self, holder: Worker, report: faults.FaultReport, history: History, race: bool = False
+        self,
+        holder: Worker,
+        report: faults.FaultReport,
+        history: History,
+        race: Callable[[], float | None] | None = None,
     ) -> None:
         """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here. `race`:
         the race on purpose (cases.DECODE_RACE): a stall ends the instant the move is counted,
         a partition only once the responses have ended (healed, the worker would hear the
-        cancellation and drop the request it lost)."""
+        cancellation and drop the request it lost); after the move, `race` reads the requests
+        the worker's engine runs until one shows (`lost_request_running`: the race's witness,
+        `policies.LOST_RAN_ON`)."""
         self.holder, self.report, self.history = holder, report, history
         self.race = race
+        self.lost_seen = False
         self.resume_by = time.monotonic() + RESUME_BY_S
         self.streamed_at_move: list[int] | None = None
         self.moved_at = 0.0
@@ -161,6 +168,7 @@ class Heal:
         if self.race:
             if self.report.fault in STALLS:
                 self()
+            self.look_for_lost(self.race)
             return
         now = time.monotonic()
         streamed = [inflight.response.content_chunks for inflight in moved]
@@ -175,6 +183,14 @@ class Heal:
         late = now >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
         if self.report.fault not in SILENT or successors_streamed or late:
             self()
+
+    def look_for_lost(self, running: Callable[[], float | None]) -> None:
+        """Once, the first time the worker's engine reports a request running after the move:
+        the one it lost (the re-issued one waits at the prefill worker while it runs)."""
+        if self.lost_seen or not (count := running()):
+            return
+        self.lost_seen = True
+        self.history.record("lost_request_running", worker=self.holder.name, running=count)
 
     def __call__(self) -> None:
         if self.done:
@@ -514,6 +530,11 @@ def aftermath(
     return problems + idle_problems(deployment, metrics_url, deadline, history, stopped_at)
 
 
+#: The roles whose engines decode, and may decode on after their handler let a request go (a
+#: prefill engine hands its request over; the mocker's exports no running gauge).
+DECODERS = ("aggregate", "decode")
+
+
 def idle_problems(
     deployment: Deployment,
     metrics_url: str,
@@ -521,12 +542,14 @@ def idle_problems(
     history: History,
     faulted_at: float | None = None,
 ) -> list[str]:
-    """After the last response, the frontend's in-flight gauge and every surviving worker's
-    must fall to 0 (a healed one's too; one that exited, as a killed one, holds nothing): a
-    request still counted is one no client waits for. A successor started after the fault
-    (`faulted_at`) whose log names no request has taken none, and may still be starting: it is
-    not asked. A gauge that cannot be read is unknown, and polled again; a frontend that
-    exports none fails the case."""
+    """After the last response, the frontend's in-flight gauge, every surviving worker's, and
+    the running gauge of each decoding one's engine where the backend names it (`DECODERS`: an
+    engine may decode on after its handler let the request go) must fall to 0 (a healed one's too; one that exited,
+    as a killed one, holds nothing): a request still counted is one no client waits for. A
+    successor started after the fault (`faulted_at`) whose log names no request has taken
+    none, and may still be starting: it is not asked. A gauge that cannot be read, or an
+    engine's that is absent, is unknown, and polled again; a frontend that exports none fails
+    the case."""
     survivors = [
         w
         for w in deployment.serving
@@ -538,6 +561,10 @@ def idle_problems(
         )
     ]
 
+    # An engine exports its running gauge once it has run a request: asked of the workers that
+    # decode and whose log names a request; one of them that exports none is unknown.
+    decoders = [w for w in survivors if w.role in DECODERS and receipts(w.process.log_path)]
+
     def probe() -> tuple[bool | None, str]:
         text = metrics.scrape(metrics_url)
         if FRONTEND_INFLIGHT not in text:
@@ -547,8 +574,10 @@ def idle_problems(
             )
         try:
             gauges = deployment.backend.in_flight(survivors)
+            engines = deployment.backend.engine_running(decoders) or {}
         except metrics.Unanswered as exc:
             return None, str(exc)
+        gauges |= {f"{name}'s engine": running for name, running in engines.items()}
         gauges["the frontend"] = metrics.sample_sum(text, FRONTEND_INFLIGHT)
         busy = {name: value for name, value in gauges.items() if value}
         return (None if busy else True), f"in flight: {busy}"

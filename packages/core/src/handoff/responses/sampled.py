@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from handoff import continuity
 from handoff.client import Response
+from handoff.policies import RESUMED_AFRESH, RESUMED_AFRESH_WITNESS
 
 DEPARTS = "the migrated text departs from"
 
@@ -86,4 +87,10 @@ def named(
             f"{ways[0]}: the text is what such a successor gives after the {carried} tokens the "
             f"move carried, token for token ({departures[0]})"
         )
+        if ways[0] == RESUMED_AFRESH:
+            found.witnessed[RESUMED_AFRESH_WITNESS.key] = (
+                True,
+                f"replayed from the {carried} tokens the move carried, the text is what a "
+                f"successor whose sampling state began there gives, and no other way's",
+            )
         continuity.settle_boundary(found, f"what such a successor gives after {carried} tokens")

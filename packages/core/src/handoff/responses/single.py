@@ -13,13 +13,13 @@ from handoff.backend import Backend, Shape, Worker
 from handoff.cases import DISCOVERY, PAST_LEASE, SILENT, STOPS, Case, topology
 from handoff.client import DEFAULT_SAMPLING, InFlight, Request, Sampling
 from handoff.deployment import Deployment
-from handoff.errors import CaseFailure
+from handoff.errors import MISSED_WINDOW, CaseFailure, MissedAfterFault, MissedWindow
 from handoff.history import History
 from handoff.machine import etcd
 from handoff.machine.pace import Pace, paced, response_bound_s
 from handoff.policies import expected_outcome, known_defect, race_trials
 from handoff.polling import Deadline, Timeout, poll_until
-from handoff.responses import discovery_plane, evidence, recovery, stops
+from handoff.responses import discovery_plane, evidence, recovery, stops, witnesses
 from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,
@@ -97,13 +97,20 @@ def exercise_race(run: CaseRun) -> Verdict:
     trials = race_trials(run.case)
     for trial in range(1, trials + 1):
         run.history.record("trial", number=trial, of=trials)
-        verdict = judged_once(replace(run, variant=run.variant + trial - 1))
+        try:
+            verdict = judged_once(replace(run, variant=run.variant + trial - 1))
+        except MissedAfterFault:
+            raise
+        except MissedWindow as missed:  # the fault was never made: the deployment is intact
+            run.history.record("window_missed", reason=str(missed))
+            unproven.append(f"trial {trial}: {MISSED_WINDOW}: {missed}")
+            continue
         if verdict.reasons:
             verdict.notes.append(f"trial {trial} of {trials} failed")
             return against_known_defect(verdict, known_defect(run.case))
         unproven += [f"trial {trial}: {why}" for why in verdict.unproven]
     if unproven:
-        return Verdict(False, [], verdict.phase, verdict.notes, unproven=unproven)
+        return Verdict(False, [], run.history.phase, unproven=unproven)
     verdict.notes.append(f"{trials} trial(s) passed")
     return against_known_defect(verdict, known_defect(run.case))
 
@@ -123,7 +130,10 @@ def judged_once(run: CaseRun) -> Verdict:
     # An engine's death is the fault, not its worker's exit, which the user waited for too.
     faulted_at = fault.engine_killed_at or time.monotonic()
     recovery.record_fault(deployment, sent.holder, fault, history)
-    heal = recovery.Heal(sent.holder, fault, history, topology(case.topology).race)
+    race = witnesses.engine_reading(deployment.backend, sent.holder)
+    heal = recovery.Heal(
+        sent.holder, fault, history, race if topology(case.topology).race else None
+    )
     bounded, why = response_deadline(
         deployment.backend, case, planned, sent, settings, deadline, history
     )
@@ -152,6 +162,7 @@ def judged_once(run: CaseRun) -> Verdict:
         )  # fmt: skip
     found.unproven += race_premise(case, planned, sent, settings)
     found.passed = not found.reasons and not found.unproven
+    witnesses.witness(found, known_defect(case), deployment, sent.holder, history)
     return found
 
 
@@ -167,7 +178,7 @@ def send_with_room(
     left_s = time_left(deployment.backend, case, planned, sent)
     history.record("window_room", how=faults.require_room(left_s, wait_s, sent.lag_s, case.fault))
     checked_at = time.monotonic()
-    fault = send_fault(run, sent, aimed_at)
+    fault = replace(send_fault(run, sent, aimed_at), lag_s=sent.lag_s)
     if left_s is None:
         return fault
     return replace(fault, room_proven=left_s - (fault.signalled_at - checked_at) >= wait_s)
@@ -372,7 +383,10 @@ def send_and_prove(
     sent = Sent(inflight, sent_at, targets, holder, tokens_seen(), time.monotonic())
     sent.evidence = tuple(transfer.evidence())
     prefill = where.fault_window == "prefill"
-    sent.watch = faults.Watch(inflight, tokens_seen if prefill else None)
+    # Tokens counted one a frame, of one choice, with no stop string held back.
+    counted = not prefill and request.stop is None and request.choices == 1
+    whole = (tokens_seen, request.max_tokens) if counted else None
+    sent.watch = faults.Watch(inflight, tokens_seen if prefill else None, whole)
     sent.lag_s = proof.lag_s
     return sent
 
@@ -527,6 +541,7 @@ def judged(
         finish,
     )  # fmt: skip
     verdict.notes = kept.notes
+    verdict.witnessed = dict(kept.witnessed)
     return verdict
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -122,6 +122,37 @@ def _step(span: float) -> float:
     return next(magnitude * f for f in (1, 2, 5, 10) if magnitude * f >= raw)
 
 
+def _axes(
+    canvas: Canvas,
+    x_of: Callable[[float], int],
+    y_of: Callable[[float], int],
+    top: float,
+    end: float,
+) -> None:
+    """The grid, its labels every `_step` of the values (up to `top`) and of the seconds (up to
+    `end`), the axes and their names."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    y_step, x_step = _step(top), _step(end)
+    value = 0.0
+    while value <= top + 1e-9:
+        y = y_of(value)
+        canvas.line(LEFT, y, LEFT + plot_w, y, GRID)
+        label = f"{value:g}"
+        canvas.text(LEFT - 6 - text_width(label), y - 5, label)
+        value += y_step
+    value = 0.0
+    while value <= end + 1e-9:
+        x = x_of(value)
+        canvas.line(x, TOP, x, TOP + plot_h, GRID)
+        label = f"{value:g}"
+        canvas.text(x - text_width(label) // 2, TOP + plot_h + 8, label)
+        value += x_step
+    canvas.line(LEFT, TOP, LEFT, TOP + plot_h, BLACK)
+    canvas.line(LEFT, TOP + plot_h, LEFT + plot_w, TOP + plot_h, BLACK)
+    canvas.text(LEFT + plot_w - text_width("SECONDS"), HEIGHT - 14, "SECONDS")
+    canvas.text(4, TOP - 16, "GIB")
+
+
 def timeline_png(
     path: Path,
     series: Mapping[str, Sequence[tuple[float, float]]],
@@ -143,25 +174,7 @@ def timeline_png(
     def y_of(v: float) -> int:
         return TOP + plot_h - round(plot_h * max(0.0, v) / top)
 
-    y_step, x_step = _step(top), _step(end)
-    value = 0.0
-    while value <= top + 1e-9:
-        y = y_of(value)
-        canvas.line(LEFT, y, LEFT + plot_w, y, GRID)
-        label = f"{value:g}"
-        canvas.text(LEFT - 6 - text_width(label), y - 5, label)
-        value += y_step
-    value = 0.0
-    while value <= end + 1e-9:
-        x = x_of(value)
-        canvas.line(x, TOP, x, TOP + plot_h, GRID)
-        label = f"{value:g}"
-        canvas.text(x - text_width(label) // 2, TOP + plot_h + 8, label)
-        value += x_step
-    canvas.line(LEFT, TOP, LEFT, TOP + plot_h, BLACK)
-    canvas.line(LEFT, TOP + plot_h, LEFT + plot_w, TOP + plot_h, BLACK)
-    canvas.text(LEFT + plot_w - text_width("SECONDS"), HEIGHT - 14, "SECONDS")
-    canvas.text(4, TOP - 16, "GIB")
+    _axes(canvas, x_of, y_of, top, end)
     label_row: dict[int, int] = {}
     for when, name in sorted(events):
         colour = EVENT_COLOURS.get(name.upper(), OTHER_EVENT)

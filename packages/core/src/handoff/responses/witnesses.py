@@ -1,0 +1,193 @@
+"""The mechanisms of the known defects, read from the system (`policies.Witness`): a case is its
+known defect only where what the defect says happens inside the system was seen there, not
+only what the user got. Each reader says whether it was there and what was read; None where the
+reading itself failed (not proven, never absent)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from handoff.backend import Backend, Worker
+from handoff.deployment import Deployment
+from handoff.history import History
+from handoff.machine import etcd
+from handoff.machine.worker_logs import ANSI
+from handoff.metrics import Unanswered
+from handoff.policies import (
+    DRAIN_CUT,
+    FRONTEND_LEASE_LAPSED,
+    LOST_RAN_ON,
+    UNLISTED,
+    KnownDefect,
+    Witness,
+)
+from handoff.verdict import Verdict, against_known_defect
+
+#: What a worker's runtime logs when its drain timeout passes with a request still in flight
+#: (Dynamo 1.6.1: the runtime's endpoints, or the request plane's ingress).
+DRAIN_TIMED_OUT = re.compile(
+    r"Graceful endpoint shutdown timed out|Timed out waiting for inflight requests to drain"
+)
+#: What the frontend logs when a response's stream ends without a cause it can migrate on.
+UNCLASSIFIED = re.compile(
+    r"Semantic (?:streaming|request) failure class=Internal reason=runtime\.unclassified"
+)
+
+Reading = tuple[bool | None, str]
+
+
+def lines(path: Path, pattern: re.Pattern[str]) -> list[str]:
+    """The lines of the log at `path` that `pattern` finds, colours removed (OSError where it
+    cannot be read)."""
+    text = ANSI.sub("", path.read_text(errors="replace"))
+    return [line for line in text.splitlines() if pattern.search(line)]
+
+
+def drain_cut(deployment: Deployment, worker: Worker, history: History) -> Reading:
+    """The drained worker's runtime gave up its drain with the request in flight, and the
+    frontend, losing the stream, classed its end as an unclassified failure: no cause it
+    migrates on."""
+    assert deployment.frontend is not None
+    try:
+        gave_up = lines(worker.process.log_path, DRAIN_TIMED_OUT)
+        unclassified = lines(deployment.frontend.log_path, UNCLASSIFIED)
+    except OSError as exc:
+        return None, f"a log could not be read: {exc}"
+    said = (
+        f"{worker.name}'s log {'shows' if gave_up else 'has no line of'} its drain timing out"
+        f"; the frontend's log shows {len(unclassified)} stream(s) ended as "
+        f"'runtime.unclassified'"
+    )
+    return bool(gave_up and unclassified), said
+
+
+def unlisted(deployment: Deployment, worker: Worker, history: History) -> Reading:
+    """The worker's registrations, read again from the discovery store now, and those it was
+    drawn with: the frontend lists none of them. A worker that registered again and is listed
+    is not lost, whatever its probes said."""
+    drawn = deployment.pool.instance_ids.get(worker.name, set())
+    try:
+        now = deployment.pool.discovery.instance_ids(worker.ports["system"])
+        listed, _ = deployment.listing()
+    except (etcd.Unanswered, requests.RequestException, ValueError, OSError) as exc:
+        return None, f"the store or the frontend did not answer: {exc}"
+    ids = now | drawn
+    shown = sorted(ids & set().union(*listed.values()))
+    said = (
+        f"{worker.name}'s registrations in the store now: {sorted(now) or 'none'}, drawn with "
+        f"{sorted(drawn)}; the frontend lists {shown or 'none of them'}"
+    )
+    return (bool(ids) and not shown), said
+
+
+def engine_reading(backend: Backend, worker: Worker) -> Callable[[], float | None]:
+    """Reads the requests `worker`'s engine runs (its in-flight gauge where the backend names
+    no engine gauge); None where it does not answer: unknown, never 0."""
+
+    def running() -> float | None:
+        try:
+            counts = backend.engine_running([worker]) or backend.in_flight([worker])
+        except Unanswered:
+            return None
+        return counts[worker.name]
+
+    return running
+
+
+def lost_ran_on(deployment: Deployment, worker: Worker, history: History) -> Reading:
+    """After the move, the worker's engine reported a request running (`recovery.Heal`), and
+    the user's stream got no content after it; of the last trial alone (a race case repeats
+    its lifecycle on one deployment, `responses.single.exercise_race`)."""
+    events = history.timeline()
+    trials = [at for at, e in enumerate(events) if e.name == "trial"]
+    events = events[trials[-1] :] if trials else events
+    running = [e for e in events if e.name == "lost_request_running"]
+    resumed = [e for e in events if e.name == "worker_resumed"]
+    moved_at = next((e.at for e in events if e.name == "migration_seen"), None)
+    if moved_at is None:
+        return False, "the frontend counted no move"
+    after = [e for e in events if e.name == "chunk" and e.at > moved_at and e.data.get("text")]
+    said = (
+        f"{worker.name}'s engine reported {running[0].data['running']:g} request(s) running "
+        f"{running[0].at - moved_at:.2f} s after the move"
+        if running
+        else f"{worker.name}'s engine reported no request running after the move"
+    )
+    said += f"; the user's stream got {len(after)} content frame(s) after the move"
+    said += "" if resumed else f"; {worker.name} was not run again before the verdict"
+    return bool(running) and not after, said
+
+
+def lease_lapsed(deployment: Deployment, worker: Worker, history: History) -> Reading:
+    """After etcd came back, a lease of the frontend's own (`discovery_plane.FrontendLease`)
+    was read with seconds left while the frontend ran, never renewed (its seconds left only
+    fell), then ended; never read alive once the frontend had ended (a frontend that died
+    first leaves its lease to run out after it)."""
+    reads = [e.data for e in history.timeline() if e.name == "frontend_lease_read"]
+    if not any("left" in r for r in reads):
+        return None, f"{len(reads)} reading(s) of etcd's leases, none answered"
+    said = []
+    for lease in sorted({lease for r in reads for lease in r.get("left", {})}):
+        seen = [
+            (r["left"][lease], r["frontend_running"]) for r in reads if lease in r.get("left", {})
+        ]
+        alive = [(t, running) for t, running in seen if t is not None]
+        left = [t for t, _ in alive]
+        ended = len(alive) < len(seen)
+        said.append(f"lease {lease}: {left} s left, then {'ended' if ended else 'still held'}")
+        unrenewed = all(b <= a for a, b in itertools.pairwise(left))
+        if alive and unrenewed and ended and all(running for _, running in alive):
+            return True, "; ".join(said) + ", read alive only while the frontend ran"
+    return False, "; ".join(said) or "the frontend held no lease of its own in etcd"
+
+
+READERS: dict[str, Callable[[Deployment, Worker, History], Reading]] = {
+    DRAIN_CUT.key: drain_cut,
+    UNLISTED.key: unlisted,
+    LOST_RAN_ON.key: lost_ran_on,
+    FRONTEND_LEASE_LAPSED.key: lease_lapsed,
+}
+
+
+def read(
+    witness: Witness, deployment: Deployment, worker: Worker, history: History
+) -> dict[str, Reading]:
+    """The reading of `witness` about the faulted `worker`, by its key (`Verdict.witnessed`);
+    nothing where its reading is made elsewhere, in the exercise that sees it happen."""
+    reader = READERS.get(witness.key)
+    if reader is None:
+        return {}
+    found = reader(deployment, worker, history)
+    history.record("witness_read", key=witness.key, seen=found[0], said=found[1])
+    return {witness.key: found}
+
+
+def witness(
+    verdict: Verdict,
+    defect: KnownDefect | None,
+    deployment: Deployment,
+    worker: Worker,
+    history: History,
+) -> None:
+    """Read the defect's witness about the faulted `worker` into `verdict`, where the case
+    failed (a pass needs none: it says the fix has arrived)."""
+    if defect is not None and verdict.reasons:
+        verdict.witnessed.update(read(defect.witness, deployment, worker, history))
+
+
+def judged_against(
+    verdict: Verdict,
+    defect: KnownDefect | None,
+    deployment: Deployment,
+    worker: Worker,
+    history: History,
+    faulted: str | None = None,
+) -> Verdict:
+    """`against_known_defect`, its witness read first (`witness`)."""
+    witness(verdict, defect, deployment, worker, history)
+    return against_known_defect(verdict, defect, faulted)

@@ -1,0 +1,178 @@
+"""Each known defect's witness reader, on what the system leaves (its logs, its store, the
+case's timeline): seen where the mechanism is there, not where it is not, unknown where the
+reading failed. The readers' inputs are stand-ins here, each shaped as Dynamo 1.6.1 gave them
+(the logs' lines are copied from the main job's runs, 2026-12-07); tests/e2e/test_witnesses.py
+reads them off the real system."""
+
+from types import SimpleNamespace
+
+import requests
+
+from handoff.history import History
+from handoff.machine.etcd import Unanswered
+from handoff.responses import witnesses
+
+TIMED_OUT = (
+    "2026-12-07T12:11:38.054289Z ERROR dynamo_runtime::runtime: Graceful endpoint shutdown timed "
+    "out; proceeding with runtime teardown timeout_secs=1 remaining_endpoints=1"
+)
+INGRESS_TIMED_OUT = (
+    "2026-12-07T12:11:38.1Z WARN dynamo_runtime::pipeline::network::ingress: Timed out waiting "
+    'for inflight requests to drain; proceeding with shutdown endpoint_name="generate"'
+)
+UNCLASSIFIED = (
+    "2026-12-07T12:11:38.201514Z ERROR http-request: dynamo_llm::http::service::disconnect: "
+    "Semantic streaming failure class=Internal reason=runtime.unclassified "
+    'diagnostic=Some("All output transmitters closed")'
+)
+
+
+def logged(tmp_path, worker_lines, frontend_lines):
+    worker_log, frontend_log = tmp_path / "worker.log", tmp_path / "frontend.log"
+    worker_log.write_text("\n".join(worker_lines) + "\n")
+    frontend_log.write_text("\n".join(frontend_lines) + "\n")
+    worker = SimpleNamespace(
+        name="worker-1-aggregate", process=SimpleNamespace(log_path=worker_log)
+    )
+    deployment = SimpleNamespace(frontend=SimpleNamespace(log_path=frontend_log))
+    return deployment, worker
+
+
+def test_a_drain_given_up_and_an_unclassified_end_is_the_drains_witness(tmp_path):
+    for gave_up in (TIMED_OUT, INGRESS_TIMED_OUT):
+        deployment, worker = logged(tmp_path, ["INFO x", gave_up], [UNCLASSIFIED])
+        seen, said = witnesses.drain_cut(deployment, worker, History())
+        assert seen, said
+
+
+def test_a_drain_that_never_timed_out_or_an_end_classed_otherwise_is_no_witness(tmp_path):
+    migratable = UNCLASSIFIED.replace("runtime.unclassified", "worker.disconnected")
+    for worker_lines, frontend_lines in (
+        (["INFO All inflight requests completed"], [UNCLASSIFIED]),
+        ([TIMED_OUT], [migratable]),
+    ):
+        deployment, worker = logged(tmp_path, worker_lines, frontend_lines)
+        seen, said = witnesses.drain_cut(deployment, worker, History())
+        assert seen is False, said
+
+
+def test_an_unreadable_log_is_unknown(tmp_path):
+    deployment, worker = logged(tmp_path, [TIMED_OUT], [UNCLASSIFIED])
+    worker.process.log_path = tmp_path / "gone" / "worker.log"
+    assert witnesses.drain_cut(deployment, worker, History())[0] is None
+
+
+def store(drawn, now, listed, fails=None):
+    """A deployment whose worker was drawn with instance ids `drawn`, whose store holds `now`
+    for it, and whose frontend lists `listed`; `fails`: what reading either raises."""
+
+    def registered(port):
+        if fails:
+            raise fails
+        return set(now)
+
+    def listing():
+        return {("backend", "generate"): set(listed)}, ["handoff-mocker"]
+
+    pool = SimpleNamespace(
+        instance_ids={"worker-0-aggregate": set(drawn)},
+        discovery=SimpleNamespace(instance_ids=registered),
+    )
+    worker = SimpleNamespace(name="worker-0-aggregate", ports={"system": 1})
+    return SimpleNamespace(pool=pool, listing=listing), worker
+
+
+def test_a_worker_whose_registrations_none_are_listed_is_the_leases_witness():
+    for now in (set(), {7}):
+        deployment, worker = store({5}, now, {9})
+        seen, said = witnesses.unlisted(deployment, worker, History())
+        assert seen, said
+
+
+def test_a_worker_registered_again_and_listed_is_no_witness():
+    """On etcd a worker that registers again gets a new lease: listed under it, it is not
+    lost, whatever the ids it was drawn with."""
+    deployment, worker = store({5}, {7}, {7, 9})
+    seen, said = witnesses.unlisted(deployment, worker, History())
+    assert seen is False and "lists [7]" in said
+
+
+def test_a_store_that_does_not_answer_is_unknown():
+    for failure in (Unanswered("no etcd member answered"), requests.ConnectionError("refused")):
+        deployment, worker = store({5}, set(), set(), fails=failure)
+        assert witnesses.unlisted(deployment, worker, History())[0] is None
+
+
+def raced(*events):
+    history = History()
+    for name, at, data in events:
+        history.record_at(name, history.started + at, **data)
+    return history
+
+
+WORKER = SimpleNamespace(name="worker-1-decode")
+
+
+def test_the_lost_request_running_after_the_move_with_nothing_delivered_is_the_races_witness():
+    history = raced(
+        ("trial", 0.0, {}),
+        ("chunk", 1.0, {"text": " t1"}),
+        ("migration_seen", 2.0, {}),
+        ("worker_resumed", 2.01, {}),
+        ("lost_request_running", 2.05, {"running": 1}),
+    )
+    seen, said = witnesses.lost_ran_on(None, WORKER, history)
+    assert seen, said
+
+
+def test_a_token_after_the_move_or_no_request_running_is_no_race_witness():
+    for extra in (
+        [("lost_request_running", 2.05, {"running": 1}), ("chunk", 3.0, {"text": " t2"})],
+        [],
+    ):
+        history = raced(("trial", 0.0, {}), ("migration_seen", 2.0, {}), *extra)
+        seen, said = witnesses.lost_ran_on(None, WORKER, history)
+        assert seen is False, said
+
+
+def test_only_the_last_trial_witnesses_the_race():
+    history = raced(
+        ("trial", 0.0, {}),
+        ("migration_seen", 2.0, {}),
+        ("lost_request_running", 2.05, {"running": 1}),
+        ("trial", 5.0, {}),
+        ("migration_seen", 6.0, {}),
+    )
+    assert witnesses.lost_ran_on(None, WORKER, history)[0] is False
+
+
+def leases(*reads):
+    return raced(*[("frontend_lease_read", float(at), read) for at, read in enumerate(reads)])
+
+
+def test_a_frontend_lease_left_to_run_out_while_the_frontend_ran_is_the_restarts_witness():
+    history = leases(
+        {"left": {"a1": 8}, "frontend_running": True},
+        {"left": {"a1": 4}, "frontend_running": True},
+        {"left": {"a1": None}, "frontend_running": False},
+    )
+    seen, said = witnesses.lease_lapsed(None, None, history)
+    assert seen, said
+
+
+def test_a_renewed_lease_a_lease_outliving_its_frontend_or_none_read_is_no_witness():
+    renewed = leases(
+        {"left": {"a1": 4}, "frontend_running": True},
+        {"left": {"a1": 9}, "frontend_running": True},
+        {"left": {"a1": None}, "frontend_running": False},
+    )
+    outlived = leases(
+        {"left": {"a1": 8}, "frontend_running": True},
+        {"left": {"a1": 5}, "frontend_running": False},
+        {"left": {"a1": None}, "frontend_running": False},
+    )
+    held = leases({"left": {"a1": 8}, "frontend_running": True})
+    for history in (renewed, outlived, held):
+        assert witnesses.lease_lapsed(None, None, history)[0] is False
+    unread = leases({"failed": "no etcd member answered", "frontend_running": True})
+    assert witnesses.lease_lapsed(None, None, unread)[0] is None
