@@ -544,8 +544,9 @@ def idle_problems(
 ) -> list[str]:
     """After the last response, the frontend's in-flight gauge, every surviving worker's, and
     the running gauge of each decoding one's engine where the backend names it (`DECODERS`: an
-    engine may decode on after its handler let the request go) must fall to 0 (a healed one's too; one that exited,
-    as a killed one, holds nothing): a request still counted is one no client waits for. A
+    engine may decode on after its handler let the request go) must fall to 0 (a healed one's
+    too; one that exited, as a killed one, holds nothing): a request still counted is one no
+    client waits for. A
     successor started after the fault (`faulted_at`) whose log names no request has taken
     none, and may still be starting: it is not asked. A gauge that cannot be read, or an
     engine's that is absent, is unknown, and polled again; a frontend that exports none fails
