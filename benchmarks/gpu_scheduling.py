@@ -44,10 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from handoff.polling import Deadline
-from handoff.sharing.nvml import GIB, MIB, Device, ProcessUse, cuda_env, open_nvml
-from handoff.sharing.placement import Demand, plan, plan_lines
-from handoff.sharing.profiling import (
+from handoff.commands.profiling import (
     Sampler,
     plot,
     profile,
@@ -55,6 +52,9 @@ from handoff.sharing.profiling import (
     timeout_marker,
     vram_marker,
 )
+from handoff.machine.polling import Deadline
+from handoff.sharing.nvml import GIB, MIB, Device, ProcessUse, cuda_env, open_nvml
+from handoff.sharing.placement import Demand, plan, plan_lines
 from handoff.sharing.vram_ledger import GpuLedger, start_time
 
 #: name, GiB allocated, seconds held after allocating.

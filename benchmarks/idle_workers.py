@@ -20,9 +20,9 @@ import psutil
 
 from handoff.cases import selection
 from handoff.deployment import Deployment
+from handoff.machine.polling import Deadline
 from handoff.plugins import configured_backend
 from handoff.policies import policy
-from handoff.polling import Deadline
 
 START_BOUND_S = 600.0
 #: A thread is listed when it used more than this share of a core over the window.

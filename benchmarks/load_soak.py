@@ -31,9 +31,9 @@ from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.history import percentile
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.plugins import configured_backend
 from handoff.policies import SERVICE_UNAVAILABLE, policy
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.word_tokenizer import prompt
 
 CASE = Case.from_id("migration_enabled-worker_failure-chat-stream-nats")

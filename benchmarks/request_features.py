@@ -23,9 +23,9 @@ from handoff import metrics
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
+from handoff.machine.polling import Deadline, poll_until
 from handoff.plugins import configured_backend
 from handoff.policies import policy
-from handoff.polling import Deadline, poll_until
 from handoff_vllm import rule
 
 CASE = Case.from_id("migration_enabled-worker_failure-completion-stream-tcp")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from handoff.commands.container import check_docker_engine
 from handoff.errors import HandoffError
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 
 #: No docker0 bridge (nor its 172.17.0.0/16 addresses) and no iptables rules: containers run
 #: with --network host only.

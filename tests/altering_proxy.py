@@ -41,7 +41,7 @@ import requests
 
 from handoff import client, faults
 from handoff.client import REQUEST_ID_HEADER, Chunk
-from handoff.polling import poll_until
+from handoff.machine.polling import poll_until
 from handoff.responses import single
 from handoff_mocker.origins import BASE, ENGINES, PERIOD, origin
 

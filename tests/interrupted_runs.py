@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import bindable, listener
 from handoff.machine.worker_logs import ANSI
-from handoff.polling import Deadline, poll_until
 
 
 def hears_ctrl_c() -> None:

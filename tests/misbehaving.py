@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 
 from handoff import metrics
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 
 
 class WrongHolder:

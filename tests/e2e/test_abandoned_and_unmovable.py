@@ -78,8 +78,10 @@ def test_a_worker_whose_engine_goes_on_with_the_request_fails_the_case_by_name(t
     case = Case.from_id("client_close-chat-tcp", "abandoned")
     result = runner.run_case(EngineGoesOnMocker(), case, tmp_path, SETTINGS, timeout_s=60)
     assert not result.verdict.passed
-    (reason,) = result.verdict.reasons
+    # The abandon check names it; the idle check, which reads the engine too, says it again.
+    reason, idle = result.verdict.reasons
     holder = next(e.data["worker"] for e in result.history.events if e.name == "holder_found")
+    assert idle.startswith("after every response ended: ") and f"{holder}'s engine" in idle, idle
     assert reason.startswith(f"{holder} went on with the request after its client left: "), reason
     assert reason.endswith(
         f"last seen: 0 in flight by its handler, 1 running in its engine "
@@ -97,7 +99,8 @@ def test_an_engine_gauge_the_workers_do_not_export_is_unknown_and_fails_the_case
     case = Case.from_id("client_close-chat-tcp", "abandoned")
     result = runner.run_case(NoSuchEngineGauge(), case, tmp_path, SETTINGS, timeout_s=60)
     assert not result.verdict.passed
-    (reason,) = result.verdict.reasons
+    reason, idle = result.verdict.reasons
+    assert "exports no vllm:no_such_gauge" in idle, idle
     assert "went on with the request after its client left" in reason
     assert "(port " in reason and ": exports no vllm:no_such_gauge)" in reason, reason
 

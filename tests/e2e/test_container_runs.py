@@ -23,7 +23,7 @@ from engine import Engine, answers
 
 from handoff.commands.container import LABEL
 from handoff.machine.environment import cache_root
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 
 pytestmark = pytest.mark.xdist_group("container")
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 from handoff.cases import Case
 from handoff.deployment import Deployment
 from handoff.machine import services
+from handoff.machine.polling import Deadline
 from handoff.policies import policy
-from handoff.polling import Deadline
 from handoff.pool import StartupFailure
 from handoff_mocker import MockerBackend
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from handoff import runner
 from handoff.cases import Case
+from handoff.machine.polling import Deadline, poll_until
 from handoff.metrics import MigrationCounts
-from handoff.polling import Deadline, poll_until
 from handoff.pool import Pool
 from handoff.responses import joining
 from handoff.runner import Settings

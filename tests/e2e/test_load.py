@@ -9,8 +9,8 @@ from typing import ClassVar
 from handoff import client, faults, runner
 from handoff.cases import Case
 from handoff.machine import worker_logs
+from handoff.machine.polling import Deadline, poll_until
 from handoff.policies import POLICIES
-from handoff.polling import Deadline, poll_until
 from handoff.responses import load
 from handoff.responses.waits import STREAM_TIMEOUT_ENV
 from handoff.runner import Settings

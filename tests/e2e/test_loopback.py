@@ -14,8 +14,8 @@ import pytest
 
 from handoff.cases import Case
 from handoff.deployment import Deployment
+from handoff.machine.polling import Deadline, poll_until
 from handoff.policies import policy
-from handoff.polling import Deadline, poll_until
 from handoff_mocker import MockerBackend
 
 LOOPBACK = {"127.0.0.1", "::1"}

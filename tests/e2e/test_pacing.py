@@ -1,4 +1,4 @@
-"""Requests sized at run time to the engine's pace (handoff.machine.pace), on the real frontend
+"""Requests sized at run time to the engine's pace (handoff.responses.pace), on the real frontend
 and mocker: a backend that names its output in seconds gets a warm-up request, a request of
 that many seconds of tokens, and a bound on the response derived from the same rate, past
 which the case fails as hung."""
@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from handoff.cases import Case
-from handoff.machine import pace
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.worker_logs import ANSI
-from handoff.polling import Deadline, poll_until
+from handoff.responses import pace
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend
 

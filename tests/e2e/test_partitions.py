@@ -16,7 +16,7 @@ from without_binary import not_run, run_without
 
 from handoff.cases import Case
 from handoff.machine import firewall
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 from handoff.pool import Pools
 from handoff.runner import Settings, run_case
 from handoff_mocker import MockerBackend

@@ -26,9 +26,9 @@ from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.machine import registrations, wallclock
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, policy
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings, run_case
 from handoff.runs import report

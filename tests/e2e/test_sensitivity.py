@@ -17,9 +17,9 @@ from misbehaving import WrongHolder
 from handoff import faults, runner
 from handoff.cases import Case
 from handoff.machine import firewall
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import bindable, listener
 from handoff.policies import POLICIES, Policy
-from handoff.polling import Deadline, poll_until
 from handoff.pool import PoolKey, Pools
 from handoff.responses.recovery import received_ids
 from handoff.runner import Settings

@@ -19,10 +19,10 @@ from handoff import faults, runner
 from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import bindable
 from handoff.metrics import MigrationCounts, scrape
 from handoff.policies import ENABLED_LIMIT, POLICIES, Policy
-from handoff.polling import Deadline, poll_until
 from handoff.responses import single
 from handoff.runner import Settings
 from handoff.verdict import NOT_PROVEN

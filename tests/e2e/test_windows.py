@@ -9,7 +9,7 @@ import pytest
 
 from handoff import faults, runner
 from handoff.cases import Case
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 from handoff.responses import recovery
 from handoff.runner import Settings
 from handoff.verdict import FAILED, NOT_PROVEN

@@ -31,9 +31,9 @@ from handoff.commands.container import (
 from handoff.errors import HandoffError
 from handoff.machine import ownership
 from handoff.machine.environment import gpu_count
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import LEASE_DIR_ENV, PortLeases
 from handoff.machine.shared import shared_folders
-from handoff.polling import Deadline, poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = Run(
@@ -130,7 +130,7 @@ from pathlib import Path
 from handoff.errors import HandoffError
 from handoff.machine import ownership
 from handoff.machine.ports import PortLeases
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 mine, hosts, talk = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 PortLeases(range(mine, mine + 1)).take()
 ownership.record(os.getpid(), "worker-in-container")

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from handoff.errors import HandoffError
-from handoff.sharing import cpus
+from handoff.machine import cpus
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_the_affinity_is_the_process_own_not_the_machine():
     """Pinned to one CPU (as a CI job's cpuset pins it), the process gets one slot, however
     many CPUs the machine has."""
     pinned = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-    probe = "from handoff.sharing import cpus; print(cpus.affinity(), cpus.cpu_slots().count)"
+    probe = "from handoff.machine import cpus; print(cpus.affinity(), cpus.cpu_slots().count)"
     env = {k: v for k, v in os.environ.items() if k != cpus.SLOTS_ENV}
     out = subprocess.run(
         [sys.executable, "-c", pinned + probe], capture_output=True, text=True, env=env, check=True

@@ -14,8 +14,8 @@ from handoff.backend import Shape
 from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, MissedWindow
-from handoff.machine.pace import Pace
-from handoff.polling import Deadline
+from handoff.machine.polling import Deadline
+from handoff.responses.pace import Pace
 from handoff.responses.single import Planned, Sent, cut_late, race_premise
 from handoff.responses.waits import Settings
 

@@ -13,9 +13,9 @@ from handoff import faults
 from handoff.cases import Case
 from handoff.machine import etcd, ownership, registrations
 from handoff.machine.discovery import FILE, EtcdDiscovery, Layout
+from handoff.machine.polling import Deadline
 from handoff.machine.ports import PortLeases
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline
 from handoff.settings import problem
 
 AGGREGATE = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")

@@ -12,8 +12,8 @@ import pytest
 from handoff import faults
 from handoff.backend import Worker
 from handoff.errors import CaseFailure
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline, poll_until
 
 TITLE = "TEST::EngineCore"
 #: A worker whose engine core is a child titled TITLE; with "follows", it exits once the child

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from handoff import cli, plugins
+from handoff import cli, deployment, plugins
 from handoff.backend import Model
 from handoff.cases import TOPOLOGIES, Case, selection
 from handoff.errors import HandoffError
@@ -315,7 +315,7 @@ def test_the_model_comes_by_name_unless_a_local_path_is_set(tmp_path):
     plain = VllmBackend().prepare_model(tmp_path / "model")
     assert plain == Model(DEFAULT_MODEL, None)
     policy = POLICIES["migration_enabled"]
-    command = services.frontend_command(8000, plain, "tcp", policy)
+    command = deployment.frontend_command(8000, plain, "tcp", policy)
     assert "--model-path" not in command
     assert command[command.index("--model-name") + 1] == DEFAULT_MODEL
 
@@ -324,7 +324,7 @@ def test_the_model_comes_by_name_unless_a_local_path_is_set(tmp_path):
     backend = configured(SglangBackend, model_path=str(local), model_cache=str(tmp_path))
     model = backend.prepare_model(tmp_path / "model")
     assert model == Model(DEFAULT_MODEL, local)
-    command = services.frontend_command(8000, model, "tcp", policy)
+    command = deployment.frontend_command(8000, model, "tcp", policy)
     assert command[command.index("--model-path") + 1] == str(local)
     worker = render(backend, first_case(backend, "aggregate"), tmp_path)[0]
     argv = worker["argv"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fake_nvml import FakeNvml
 
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.sharing.placement import Demand
 from handoff.sharing.vram_ledger import GpuLedger, process_trees, start_time
 
@@ -26,7 +26,7 @@ sys.path.insert(0, sys.argv[1])
 from fake_nvml import FakeNvml
 from handoff.sharing.vram_ledger import GpuLedger
 from handoff.sharing.placement import Demand
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 folder, gib, log = Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 ledger = GpuLedger(FakeNvml(24), budget_gib=10, folder=folder)
 log.with_suffix(".asking").touch()
@@ -98,7 +98,7 @@ def test_a_killed_holder_no_longer_counts(tmp_path):
          "from fake_nvml import FakeNvml\n"
          "from handoff.sharing.vram_ledger import GpuLedger\n"
          "from handoff.sharing.placement import Demand\n"
-         "from handoff.polling import Deadline\n"
+         "from handoff.machine.polling import Deadline\n"
          f"GpuLedger(FakeNvml(24), 10, Path({str(folder)!r}))"
          ".take(Demand('held', 10), Deadline(10))\n"
          "print('taken', flush=True)\n"

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from handoff.machine import ownership
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 

@@ -14,9 +14,9 @@ import pytest
 
 from handoff.errors import HandoffError
 from handoff.machine import ownership
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.preload import UNREPORTED_EXIT, Forked, Preloader
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline, poll_until
 
 #: What the warm interpreter imports for `probe`: it reads one variable and sets another, as
 #: Dynamo's mocker sets DYN_COMPUTE_THREADS.

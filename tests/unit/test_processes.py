@@ -7,8 +7,8 @@ import psutil
 import pytest
 
 from handoff.errors import HandoffError
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline, poll_until
 
 
 def test_kill_takes_down_the_whole_tree(tmp_path):

@@ -11,15 +11,15 @@ import pytest
 from fake_nvml import FakeNvml
 
 from handoff.cases import backend_cases
+from handoff.commands import profiling
+from handoff.commands.profiling import GpuProfile, Sample, Sampler, profile, report_lines
 from handoff.history import History
 from handoff.machine.environment import gpu_count
+from handoff.machine.polling import Deadline, poll_until
 from handoff.plugins import get_backend
-from handoff.polling import Deadline, poll_until
 from handoff.runner import CaseResult
-from handoff.sharing import profiling
 from handoff.sharing.nvml import GIB, MIB
 from handoff.sharing.plot import timeline_png
-from handoff.sharing.profiling import GpuProfile, Sample, Sampler, profile, report_lines
 from handoff.verdict import Verdict
 
 
@@ -178,7 +178,7 @@ def test_profile_prints_the_report_the_markers_and_draws_the_plot(tmp_path, monk
 @pytest.mark.skipif(gpu_count()[0] > 0, reason="this machine has a GPU")
 def test_without_a_gpu_profile_says_why_in_one_line_and_fails():
     result = subprocess.run(
-        [sys.executable, "-m", "handoff.sharing.profiling", "aggregate/anything"],
+        [sys.executable, "-m", "handoff.commands.profiling", "aggregate/anything"],
         capture_output=True,
         text=True,
         timeout=60,

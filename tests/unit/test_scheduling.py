@@ -13,11 +13,11 @@ from handoff import pytest_plugin
 from handoff.backend import Launch
 from handoff.gpu_backend import DynamoGpuBackend
 from handoff.history import History
+from handoff.machine.cpus import Slots
 from handoff.machine.ports import LEASE_DIR_ENV
 from handoff.pool import PoolKey
 from handoff.runner import CaseResult
 from handoff.sharing import scheduling
-from handoff.sharing.cpus import Slots
 from handoff.sharing.vram_ledger import RESERVATION_ENV, GpuLedger
 from handoff.verdict import Verdict
 from handoff_mocker import MockerBackend

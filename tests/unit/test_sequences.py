@@ -1,4 +1,4 @@
-"""Tokens that name their worker (handoff.responses.sequences, the mocker's replayed outputs):
+"""Tokens that name their worker (handoff.sequences, the mocker's replayed outputs):
 a migrated response is its holder's output then the new worker's, each from its first token;
 every way a frontend could lose, repeat, replace or reorder a token, anywhere in the response,
 breaks a run or moves the boundary the re-issued context is judged by, and fails the check."""
@@ -15,7 +15,7 @@ from handoff.cases import Case
 from handoff.client import Chunk, Response
 from handoff.continuity import Migration, Takeover, check
 from handoff.responses.evidence import numbered
-from handoff.responses.sequences import Runs, runs, unserved
+from handoff.sequences import Runs, runs, unserved
 from handoff_mocker import MockerBackend
 from handoff_mocker.origins import BASE, ENGINES, PERIOD, origin
 

@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from handoff.machine import start_gate
+from handoff.machine.cpus import SLOTS_ENV
+from handoff.machine.polling import Deadline, Timeout
 from handoff.machine.ports import LEASE_DIR_ENV
-from handoff.polling import Deadline, Timeout
-from handoff.sharing.cpus import SLOTS_ENV
 
 HOLD = """
 import fcntl, os, sys

@@ -49,7 +49,7 @@ import os
 import signal
 
 from handoff.machine.interrupts import interruptible
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 
 
 class CtrlCWhileFinalized:

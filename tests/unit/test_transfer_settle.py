@@ -12,7 +12,7 @@ import pytest
 from handoff.cases import Case
 from handoff.errors import CaseFailure
 from handoff.history import History
-from handoff.polling import Deadline
+from handoff.machine.polling import Deadline
 from handoff.responses import transfers
 from handoff.responses.transfers import Reading, TransferProof, lag_s, settled
 

@@ -11,7 +11,7 @@ import requests
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
-from handoff.polling import Timeout
+from handoff.machine.polling import Timeout
 from handoff.responses.recovery import JOINED, await_unlisted, unrejoined
 
 HOLDER, BYSTANDER, UNREGISTERED = "worker-1-aggregate", "worker-0-aggregate", "worker-2-aggregate"

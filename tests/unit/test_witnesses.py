@@ -1,8 +1,8 @@
 """Each known defect's witness reader, on what the system leaves (its logs, its store, the
 case's timeline): seen where the mechanism is there, not where it is not, unknown where the
 reading failed. The readers' inputs are stand-ins here, each shaped as Dynamo 1.6.1 gave them
-(the logs' lines are copied from the main job's runs, 2026-12-07); tests/e2e/test_witnesses.py
-reads them off the real system."""
+(the logs' lines are copied from the main job's runs, 2026-12-07);
+tests/e2e/test_defect_witnesses.py reads them off the real system."""
 
 from types import SimpleNamespace
 

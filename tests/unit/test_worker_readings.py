@@ -12,7 +12,7 @@ import pytest
 
 from handoff import faults, metrics
 from handoff.backend import INFLIGHT, VLLM_RUNNING, Worker
-from handoff.polling import Deadline, Timeout
+from handoff.machine.polling import Deadline, Timeout
 from handoff.responses import abandon
 from handoff.responses.transfers import decode_transfers
 from handoff_mocker import MockerBackend

@@ -14,9 +14,9 @@ from misbehaving import WrongHolder
 
 from handoff.cases import Case
 from handoff.deployment import Deployment
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import group_members
 from handoff.policies import POLICIES, policy
-from handoff.polling import Deadline, poll_until
 from handoff.runner import Settings, run_case
 from handoff_vllm import VllmBackend
 

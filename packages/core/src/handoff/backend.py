@@ -12,7 +12,7 @@ from handoff.client import Annotations, Guide, Sampling
 from handoff.errors import HandoffError
 from handoff.metrics import worker_sums
 from handoff.policies import race_trials
-from handoff.responses.sequences import Origin
+from handoff.sequences import Origin
 from handoff.settings import BUILT_IN, Configuration, Setting
 
 if TYPE_CHECKING:
@@ -333,7 +333,7 @@ class Backend(ABC):
     def output_seconds(self, case: Case) -> float | None:
         """How long `case`'s output should stream, where the engine's pace differs from one
         machine to the next: the case's request is then cut, at run time, to that many seconds
-        of tokens at the rate a warm-up request measures (handoff.machine.pace), its shape's
+        of tokens at the rate a warm-up request measures (handoff.responses.pace), its shape's
         max_tokens at most. None: the shape's max_tokens stand."""
         return None
 

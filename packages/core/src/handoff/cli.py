@@ -28,7 +28,7 @@ from handoff.cases import (
     topology,
     unmet,
 )
-from handoff.commands import container, doctor
+from handoff.commands import container, doctor, profiling
 from handoff.commands.nightly import print_table, required_missing, run_nightly
 from handoff.covering.verify import format_interaction, trace
 from handoff.errors import HandoffError
@@ -36,7 +36,6 @@ from handoff.plugins import ONLY_ENV, configured_backend, load
 from handoff.runs import durations, merge, report
 from handoff.runs.results import RunResults
 from handoff.settings import KEYS
-from handoff.sharing import profiling
 
 DEVICE_HELP = "the device whose cases and settings to show (default: the device setting)"
 
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str] | None) -> int:
     parser = command_line()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "profile":  # its own parser: handoff.sharing.profiling
+    if args.command == "profile":  # its own parser: handoff.commands.profiling
         return profiling.main(list(argv if argv is not None else sys.argv[1:])[1:])
     if extra and args.command not in ("qualify", "nightly"):  # these pass the rest to pytest
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

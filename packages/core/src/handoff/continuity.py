@@ -50,9 +50,9 @@ from datetime import datetime
 from itertools import accumulate
 from pathlib import Path
 
+from handoff import sequences
 from handoff.client import Response
 from handoff.machine.worker_logs import receipts
-from handoff.responses import sequences
 
 TokenCounter = Callable[[str], int | None]
 #: The token ids of a piece of output text, where the backend can tell; None where it cannot.
@@ -207,10 +207,10 @@ def delivered(
     if not response.text:
         return result
     told = told_runs(response, ids, origin)
-    if told is not None:
+    if told is not None:  # each run its worker's own: a text of another worker's is no guide
         result.problems += told.problems
         result.runs = told
-    if baseline is not None and not baseline.startswith(response.text):
+    elif baseline is not None and not baseline.startswith(response.text):
         at = first_divergence(baseline, response.text)
         assert at is not None
         token = differing_token(baseline, response.text, at, count)

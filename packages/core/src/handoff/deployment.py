@@ -3,6 +3,7 @@ workers drawn from a pool (handoff.pool); up, ready, and down."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -11,16 +12,16 @@ from pathlib import Path
 import requests
 
 from handoff import client
-from handoff.backend import Backend, Worker
+from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case
 from handoff.client import Request, Response
 from handoff.errors import CaseFailure
 from handoff.machine import firewall, services
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.ports import PortLeases
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.worker_logs import ANSI
 from handoff.policies import Policy
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, PoolKey, StartupFailure, stop_all
 
 #: Which (component, endpoint) a worker of each role registers in the frontend's /health.
@@ -147,9 +148,7 @@ class Deployment:
     ) -> None:
         assert self.model is not None
         self.http_port = leases.take()
-        command = services.frontend_command(
-            self.http_port, self.model, self.case.plane, self.policy
-        )
+        command = frontend_command(self.http_port, self.model, self.case.plane, self.policy)
         self.frontend = ManagedProcess(
             name,
             command,
@@ -329,3 +328,23 @@ def heal_partitions() -> list[str]:
         firewall.delete(table)
     left = firewall.own_tables()
     return [f"nftables table {table} still in place after teardown" for table in left]
+
+
+def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        services.LOOPBACK,
+        "--http-port",
+        str(http_port),
+        "--request-plane",
+        plane,
+        *(["--model-path", str(model.path)] if model.path is not None else []),
+        "--model-name",
+        model.name,
+        "--router-mode",
+        "round-robin",
+        *policy.frontend_flags(),
+    ]

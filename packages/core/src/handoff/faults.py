@@ -38,9 +38,9 @@ from handoff.client import InFlight, completion_problems
 from handoff.errors import CaseFailure, ConnectionCut, HandoffError, MissedWindow
 from handoff.machine import etcd, firewall, worker_logs
 from handoff.machine.discovery import FILE, Layout
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess, await_stopped
 from handoff.metrics import Unanswered, once_answered
-from handoff.polling import Deadline, poll_until
 
 HOLDER_TIMEOUT_S = 30.0
 #: The signal each fault starts with.

@@ -10,7 +10,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from handoff.errors import CaseFailure
-from handoff.polling import Deadline, poll_until
+from handoff.machine.polling import Deadline, poll_until
 
 T = TypeVar("T")
 

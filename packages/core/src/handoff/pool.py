@@ -45,11 +45,11 @@ from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
 from handoff.machine import etcd, registrations, services
 from handoff.machine.discovery import FILE, Discovery, EtcdDiscovery, FileDiscovery, Layout
+from handoff.machine.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.preload import Preloader
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.wallclock import WallClock
-from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.sharing import vram_ledger
 
 TEARDOWN_TIMEOUT_S = 15.0

@@ -17,9 +17,9 @@ from handoff.errors import MISSED_WINDOW, CaseFailure, ConnectionCut, HandoffErr
 from handoff.history import History
 from handoff.machine import start_gate
 from handoff.machine.interrupts import interruptible
+from handoff.machine.polling import Deadline
 from handoff.machine.wallclock import step_reason
 from handoff.policies import KNOWN_RACES, Policy, policy
-from handoff.polling import Deadline
 from handoff.pool import Pool, Pools
 from handoff.responses import abandon, load, rolling, single
 from handoff.responses.waits import (

@@ -23,7 +23,7 @@ from handoff.cases import ABANDONS, KILLS, SAMPLINGS, STOPS, Case, topology
 from handoff.client import Annotations
 from handoff.errors import HandoffError
 from handoff.plugins import hookimpl
-from handoff.responses.sequences import Origin
+from handoff.sequences import Origin
 from handoff.word_tokenizer import DISTINCT_PROMPTS, count, prompt, token_ids
 from handoff_mocker import kv_record, origins
 from handoff_mocker.model import write_model

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from handoff.polling import Deadline
+from handoff.machine.polling import Deadline
 
 #: How long a worker has to replay what it stored: it answers from memory, at once.
 REPLAY_WAIT_S = 5.0

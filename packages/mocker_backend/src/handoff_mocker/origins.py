@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from handoff.responses.sequences import Origin
+from handoff.sequences import Origin
 from handoff.word_tokenizer import WORDS
 
 #: The key of every replayed output: one row per worker's trace.

@@ -105,7 +105,7 @@ OUTPUT_TOKENS = {
     **dict.fromkeys(SAMPLINGS, SAMPLED_TOKENS),
 }  # fmt: skip
 #: Those lengths are what this machine needs, at most: on a slower one, a case's request gets
-#: this many seconds of tokens at the rate its warm-up request measures (handoff.machine.pace),
+#: this many seconds of tokens at the rate its warm-up request measures (handoff.responses.pace),
 #: so that its stream lasts as long as the harness needs, not five times longer. Each is above
 #: the length's streaming time here, so that only a slower machine cuts it.
 OUTPUT_SECONDS = {

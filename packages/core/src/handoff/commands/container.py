@@ -68,9 +68,9 @@ from pathlib import Path
 
 from handoff.errors import HandoffError
 from handoff.machine.environment import gpu_count, require_binary
+from handoff.machine.polling import Deadline
 from handoff.machine.shared import shared_folders
 from handoff.plugins import configured_backend, installed_backends
-from handoff.polling import Deadline
 from handoff.settings import Configuration, find_repository, repository_backends, resolve
 
 IMAGE_ENV = "HANDOFF_IMAGE"

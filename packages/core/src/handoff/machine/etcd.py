@@ -25,9 +25,9 @@ import requests
 from handoff.errors import CaseFailure
 from handoff.machine import ownership
 from handoff.machine.environment import require_binary
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.services import LOOPBACK
-from handoff.polling import Deadline, poll_until
 
 #: Dynamo's primary lease, in seconds (its ETCD_LEASE_TTL; Dynamo's default is 30): the file
 #: store's lease, so that a case's bounds hold on either discovery.

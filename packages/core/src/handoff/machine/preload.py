@@ -30,7 +30,7 @@ import psutil
 
 from handoff.errors import HandoffError
 from handoff.machine import forkserver, ownership
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 
 #: What the interpreter reads when it starts, before any module runs (its settings, the
 #: libraries the loader adds, the locale it coerces): a launch that sets them otherwise than

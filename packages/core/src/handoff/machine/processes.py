@@ -15,8 +15,8 @@ import psutil
 
 from handoff.errors import HandoffError
 from handoff.machine import ownership
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.preload import Forked, Preloader
-from handoff.polling import Deadline, Timeout, poll_until
 
 
 class ManagedProcess:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from handoff.backend import Model
 from handoff.machine.environment import find_nats_server
-from handoff.policies import Policy
 
 LOOPBACK = "127.0.0.1"
 #: Variables that make Dynamo processes bind and advertise loopback only.
@@ -64,23 +61,3 @@ PRELOADED = {"dynamo.frontend": "dynamo.frontend.main"}
 #: What Dynamo's frontend and every worker module import, imported once for all of a pool's
 #: warm interpreters; it leaves the environment as it found it (checked as it starts).
 PRELOADED_BASE = ("dynamo.runtime", "dynamo.llm", "dynamo.common.configuration.groups")
-
-
-def frontend_command(http_port: int, model: Model, plane: str, policy: Policy) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dynamo.frontend",
-        "--http-host",
-        LOOPBACK,
-        "--http-port",
-        str(http_port),
-        "--request-plane",
-        plane,
-        *(["--model-path", str(model.path)] if model.path is not None else []),
-        "--model-name",
-        model.name,
-        "--router-mode",
-        "round-robin",
-        *policy.frontend_flags(),
-    ]

@@ -21,9 +21,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from handoff.machine.cpus import cpu_slots
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import lease_dir, try_lock
-from handoff.polling import Deadline, poll_until
-from handoff.sharing.cpus import cpu_slots
 
 STARTS_PER_CPU = 2
 

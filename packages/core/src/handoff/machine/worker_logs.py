@@ -7,8 +7,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
-from handoff.backend import Worker
+
+class _Logging(Protocol):
+    log_path: Path
+
+
+class Logged(Protocol):
+    """A worker, as far as its log goes (`backend.Worker`)."""
+
+    name: str
+    process: _Logging
+
 
 #: Dynamo's worker log line for a request it received, with the request id (the response id
 #: without its `chatcmpl-` or `cmpl-` prefix).
@@ -72,7 +83,7 @@ def receipts(log: Path) -> list[tuple[str, str]]:
     return reader.read()
 
 
-def received(workers: Iterable[Worker], ids: set[str]) -> dict[str, list[str]]:
+def received(workers: Iterable[Logged], ids: set[str]) -> dict[str, list[str]]:
     """By request id, the workers whose logs say they received it, in the order they did (by
     their logs' timestamps): a request a worker has taken, whether it decodes it yet or not,
     and after a move the worker it moved to."""

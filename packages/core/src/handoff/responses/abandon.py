@@ -16,8 +16,8 @@ from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.machine import worker_logs
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import expected_outcome
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import recovery
 from handoff.responses.waits import (
     CLIENT_GRACE_S,

@@ -38,8 +38,8 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, MissedAfterFault
 from handoff.history import History
 from handoff.machine import etcd, firewall
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.processes import ManagedProcess
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.pool import Pool, stop_trees
 from handoff.responses import recovery
 from handoff.verdict import completion_problems

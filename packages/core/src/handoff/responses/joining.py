@@ -28,7 +28,7 @@ from handoff.client import InFlight, Request
 from handoff.deployment import Deployment, silent
 from handoff.history import History
 from handoff.machine import etcd
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.pool import stop_trees
 from handoff.responses import recovery, waits
 from handoff.verdict import completion_problems

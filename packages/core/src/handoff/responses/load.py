@@ -19,11 +19,11 @@ from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, MissedAfterFault
 from handoff.history import History, resumption_s
-from handoff.machine.pace import Pace, paced
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import received
 from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import evidence, joining, recovery, waits, witnesses
+from handoff.responses.pace import Pace, paced
 from handoff.verdict import (
     Verdict,
     count_problems,

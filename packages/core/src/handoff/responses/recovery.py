@@ -20,10 +20,10 @@ from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
 from handoff.history import History
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.worker_logs import receipts, received
 from handoff.policies import SERVICE_UNAVAILABLE
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses.waits import (
     BROKER_REQUEST_TIMEOUT_S,
     Settings,

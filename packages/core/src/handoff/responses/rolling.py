@@ -29,9 +29,9 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.faults import HOLDER_TIMEOUT_S
 from handoff.history import History
+from handoff.machine.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import received
 from handoff.policies import expected_outcome
-from handoff.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.responses import evidence, joining, load, recovery, waits
 from handoff.verdict import Verdict
 

@@ -16,10 +16,10 @@ from handoff.deployment import Deployment
 from handoff.errors import MISSED_WINDOW, CaseFailure, MissedAfterFault, MissedWindow
 from handoff.history import History
 from handoff.machine import etcd
-from handoff.machine.pace import Pace, paced, response_bound_s
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import expected_outcome, known_defect, race_trials
-from handoff.polling import Deadline, Timeout, poll_until
 from handoff.responses import discovery_plane, evidence, recovery, stops, witnesses
+from handoff.responses.pace import Pace, paced, response_bound_s
 from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
     BASELINE,

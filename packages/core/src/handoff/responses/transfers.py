@@ -26,7 +26,7 @@ from handoff.cases import Case, topology
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure
 from handoff.history import History
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.verdict import transfer_problems
 
 #: The history events of the requests a case sends before its own, recorded as each is sent

@@ -16,9 +16,9 @@ from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
-from handoff.machine.pace import Pace, response_bound_s
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import Outcome
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.responses.pace import Pace, response_bound_s
 from handoff.verdict import count_problems, late_count_problems
 
 METRICS_SETTLE_S = 3.0

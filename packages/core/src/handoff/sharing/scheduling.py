@@ -48,8 +48,8 @@ import pytest
 
 from handoff.backend import TIMEOUT_MARKER
 from handoff.errors import HandoffError
-from handoff.polling import Deadline, Timeout
-from handoff.sharing.cpus import cpu_slots
+from handoff.machine.cpus import cpu_slots
+from handoff.machine.polling import Deadline, Timeout
 from handoff.sharing.nvml import GpuUnavailable, open_nvml
 from handoff.sharing.placement import Demand, Room, plan, plan_lines, refusal
 from handoff.sharing.vram_ledger import GpuLedger, Hold

@@ -41,8 +41,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import lease_dir
-from handoff.polling import Deadline, poll_until
 from handoff.sharing import placement
 from handoff.sharing.nvml import Device, Nvml, cuda_env, gib
 from handoff.sharing.placement import Demand, Room

@@ -1,4 +1,4 @@
-"""`handoff profile CASE...` (or `python -m handoff.sharing.profiling CASE...`): the GPU memory a
+"""`handoff profile CASE...` (or `python -m handoff.commands.profiling CASE...`): the GPU memory a
 case really uses, measured with NVML, and the markers that follow from it.
 
 - `Sampler`: a thread reading NVML every 100 ms (each visible GPU's used bytes and, where the
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from handoff.backend import TIMEOUT_MARKER
 from handoff.errors import HandoffError
-from handoff.polling import Deadline, Timeout, poll_until
+from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.sharing.nvml import GIB, MIB, GpuUnavailable, Nvml, open_nvml
 from handoff.sharing.plot import timeline_png
 

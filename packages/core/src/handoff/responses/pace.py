@@ -15,7 +15,7 @@ from handoff.backend import Shape
 from handoff.client import Request, Response
 from handoff.errors import CaseFailure
 from handoff.history import History
-from handoff.polling import Deadline
+from handoff.machine.polling import Deadline
 
 #: The warm-up's output: enough steps to time the decode, few enough to cost a second or two.
 WARMUP_TOKENS = 48
