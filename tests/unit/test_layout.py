@@ -64,3 +64,20 @@ def test_the_top_level_holds_at_most_22_modules():
     assert len(top) <= MOST_AT_TOP, top
     assert {"cases.py", "backend.py", "deployment.py", "faults.py", "client.py", "verdict.py",
             "history.py", "runner.py", "pytest_plugin.py", "cli.py"} <= set(top)  # fmt: skip
+
+
+def room(module: str) -> str:
+    """The top-level room a core module is in: itself, or the folder it is in."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_room_imports_one_that_imports_it_back():
+    """The rooms (a top-level module, or a folder taken as one) import down only: a module in
+    a folder that imports a room that imports the folder back is a circle too."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in imports().items():
+        here = room(module)
+        graph.setdefault(here, set()).update(room(t) for t in targets if room(t) != here)
+    for target in {t for ts in graph.values() for t in ts}:
+        graph.setdefault(target, set())
+    assert circles(graph) == []
