@@ -1,7 +1,8 @@
-"""A response the policy refuses to move ends with its error, but what it delivered before
-the error must still be true: on Dynamo's real frontend and mocker, a worker whose engine
-emits a wrong third token (its replay trace altered, so that the engine itself gives it)
-fails the case by that token, where the move was refused as where it completes."""
+"""A response the policy refuses to move ends with its error, and a client may leave, but what
+was delivered before the end must still be true: on Dynamo's real frontend and mocker, a worker
+whose engine emits a wrong third token (its replay trace altered, so that the engine itself
+gives it) fails the case by that token, where the move was refused, where it completes, and
+where the client left."""
 
 import json
 
@@ -37,14 +38,17 @@ def wrong_third_token(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "case_id",
+    ("case_id", "topology"),
     [
-        "migration_disabled-graceful_shutdown-chat-stream-tcp",
-        "migration_enabled-graceful_shutdown-chat-stream-tcp",
+        ("migration_disabled-graceful_shutdown-chat-stream-tcp", "aggregate"),
+        ("migration_enabled-graceful_shutdown-chat-stream-tcp", "aggregate"),
+        ("client_close-chat-tcp", "abandoned"),  # what the client read before it left
     ],
 )
-def test_a_wrong_token_before_the_end_fails_the_case(case_id, wrong_third_token, tmp_path):
-    case = Case.from_id(case_id, "aggregate")
+def test_a_wrong_token_before_the_end_fails_the_case(
+    case_id, topology, wrong_third_token, tmp_path
+):
+    case = Case.from_id(case_id, topology)
     verdict = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S).verdict
     assert verdict.outcome == FAILED, verdict.summary()
     broken = [r for r in verdict.reasons if r.startswith(f"token {WRONG_AT} is worker #")]

@@ -9,18 +9,19 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from handoff import faults, metrics
-from handoff.backend import Worker
+from handoff import continuity, faults, metrics
+from handoff.backend import Backend, Shape, Worker
 from handoff.cases import ABANDONS, STALLS, Case, topology
-from handoff.client import InFlight, Request
+from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.machine.polling import Deadline, Timeout, poll_until
-from handoff.policies import expected_outcome
-from handoff.responses import recovery
+from handoff.policies import expected_outcome, known_defect
+from handoff.responses import recovery, witnesses
 from handoff.responses.waits import (
     CLIENT_GRACE_S,
+    REFERENCE,
     CaseRun,
     Settings,
     proof_deadline,
@@ -131,8 +132,22 @@ def exercise_abandon(run: CaseRun) -> Verdict:
     history.record("metrics_read", counts=counts.as_dict())
     problems += count_problems(expected, counts, backend.migration_counts)
     problems += response_problems(inflight)
+    problems += delivered_problems(backend, case, shape, request, inflight.response)
     problems += recovery.idle_problems(deployment, metrics_url, deadline, history)
-    return Verdict(passed=not problems, reasons=problems, phase=history.phase)
+    verdict = Verdict(passed=not problems, reasons=problems, phase=history.phase)
+    return witnesses.judged_against(verdict, known_defect(case), deployment, holder, history)
+
+
+def delivered_problems(
+    backend: Backend, case: Case, shape: Shape, request: Request, response: Response
+) -> list[str]:
+    """What the client read before it left must be true (`continuity.delivered`): the
+    beginning of the backend's reference where it computes one, each worker's run unbroken
+    where the tokens name their worker."""
+    return continuity.delivered(
+        response, backend.output_tokens, backend.reference(case.api, shape), REFERENCE,
+        ids=backend.output_token_ids, origin=backend.token_origin if request.annotated else None,
+    ).problems  # fmt: skip
 
 
 def lead_up(
