@@ -150,29 +150,51 @@ def leases(*reads):
     return raced(*[("frontend_lease_read", float(at), read) for at, read in enumerate(reads)])
 
 
-def test_a_frontend_lease_left_to_run_out_while_the_frontend_ran_is_the_restarts_witness():
-    history = leases(
-        {"left": {"a1": 8}, "frontend_running": True},
-        {"left": {"a1": 4}, "frontend_running": True},
-        {"left": {"a1": None}, "frontend_running": False},
-    )
-    seen, said = witnesses.lease_lapsed(None, None, history)
+GAVE_UP = (
+    "2026-12-07T13:59:10.847618Z ERROR dynamo_runtime::transports::etcd::lease: Unable to "
+    "maintain lease. Check etcd server status error=Unable to reconnect to ETCD cluster: "
+    "deadline exceeded"
+)
+
+
+def frontend_logged(tmp_path, *lines):
+    log = tmp_path / "frontend.log"
+    log.write_text("\n".join(lines) + "\n")
+    return SimpleNamespace(frontend=SimpleNamespace(log_path=log))
+
+
+#: The readings of the restart's rows under the busy loop (2026-12-07): renewed up to the end,
+#: 5 s left once the frontend had ended.
+RENEWED = leases(
+    {"left": {"a1": 10}, "frontend_running": True},
+    {"left": {"a1": 5}, "frontend_running": True},
+    {"left": {"a1": 9}, "frontend_running": True},
+    {"left": {"a1": 5}, "frontend_running": False},
+)
+
+
+def test_a_frontend_that_gave_up_a_live_lease_is_the_restarts_witness(tmp_path):
+    seen, said = witnesses.frontend_gave_up(frontend_logged(tmp_path, GAVE_UP), None, RENEWED)
     assert seen, said
 
 
-def test_a_renewed_lease_a_lease_outliving_its_frontend_or_none_read_is_no_witness():
-    renewed = leases(
-        {"left": {"a1": 4}, "frontend_running": True},
-        {"left": {"a1": 9}, "frontend_running": True},
+def test_a_frontend_whose_lease_ran_out_or_that_never_gave_up_is_no_witness(tmp_path):
+    """A lease gone by the end is a lease lost, not let go; a frontend whose log says nothing
+    of its lease ended for another reason."""
+    ran_out = leases(
+        {"left": {"a1": 3}, "frontend_running": True},
         {"left": {"a1": None}, "frontend_running": False},
     )
-    outlived = leases(
+    given_up = frontend_logged(tmp_path, GAVE_UP)
+    assert witnesses.frontend_gave_up(given_up, None, ran_out)[0] is False
+    silent = frontend_logged(tmp_path, "INFO Runtime shutdown initiated")
+    assert witnesses.frontend_gave_up(silent, None, RENEWED)[0] is False
+
+
+def test_leases_unread_once_the_frontend_ended_are_unknown(tmp_path):
+    given_up = frontend_logged(tmp_path, GAVE_UP)
+    unread = leases(
         {"left": {"a1": 8}, "frontend_running": True},
-        {"left": {"a1": 5}, "frontend_running": False},
-        {"left": {"a1": None}, "frontend_running": False},
+        {"failed": "no etcd member answered", "frontend_running": False},
     )
-    held = leases({"left": {"a1": 8}, "frontend_running": True})
-    for history in (renewed, outlived, held):
-        assert witnesses.lease_lapsed(None, None, history)[0] is False
-    unread = leases({"failed": "no etcd member answered", "frontend_running": True})
-    assert witnesses.lease_lapsed(None, None, unread)[0] is None
+    assert witnesses.frontend_gave_up(given_up, None, unread)[0] is None

@@ -217,10 +217,10 @@ LOST_RAN_ON = Witness(
     "the worker run again after the move reported the request it lost still running in its "
     "engine, and the user's stream got no token after the move",
 )
-FRONTEND_LEASE_LAPSED = Witness(
-    "frontend_lease_lapsed",
-    "the frontend's own lease, read from etcd after it came back, ended while the frontend "
-    "still ran",
+FRONTEND_GAVE_UP = Witness(
+    "frontend_gave_up",
+    "the frontend's log: it gave up maintaining its lease after etcd came back (`Unable to "
+    "maintain lease`); etcd's own reading: its lease still alive once it had ended",
 )
 RESUMED_AFRESH_WITNESS = Witness(
     "resumed_afresh",
@@ -348,18 +348,18 @@ KNOWN_RACES[("discovery", "etcd_restart")] = KnownDefect(
     "Dynamo issue 3493",
     "a deployment whose etcd is restarted within its leases must go on serving (3493: "
     "once etcd has a brief interruption, Dynamo does not recover); 1.6.1's workers keep "
-    "their leases, but its frontend, in a race, never renews its own and shuts itself "
-    "down",
+    "their leases, but its frontend, in a race of its reconnects, gives up maintaining its "
+    "own lease and shuts itself down, though etcd answers and the lease is still alive",
     ("after etcd came back", "frontend had ended (code 0) after etcd came back"),
-    # New requests are refused once the frontend's lease has run out (its HTTP server shut),
-    # and the frontend ends by itself; nothing else: not a worker that ended, not another
+    # New requests are refused once the frontend has given up (its HTTP server shut), and the
+    # frontend ends by itself; nothing else: not a worker that ended, not another
     # failure of a request.
     whole(
         r"a new request sent after etcd came back failed: the response did not complete: "
         r"ConnectionError: .*\[Errno 111\] Connection refused.* \(\d+\.\d s after\)",
         r"frontend had ended \(code 0\) after etcd came back",
     ),
-    FRONTEND_LEASE_LAPSED,
+    FRONTEND_GAVE_UP,
 )
 #: How often a race case's lifecycle is repeated until the race shows
 #: (`responses.single.exercise_race`), by fault. The decode stall's, which a few milliseconds

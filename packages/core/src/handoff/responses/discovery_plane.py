@@ -293,7 +293,7 @@ class FrontendLease:
     """Reads the frontend's own leases from etcd, each time it is called: every lease etcd
     holds that is no worker's (Dynamo 1.6.1: a worker's instance id is its lease), its seconds
     left (None once it has ended), and whether the frontend still ran
-    (`frontend_lease_read`, what `responses.witnesses.lease_lapsed` reads). A reading that
+    (`frontend_lease_read`, what `responses.witnesses.frontend_gave_up` reads). A reading that
     failed is recorded as such."""
 
     def __init__(self, deployment: Deployment, history: History) -> None:
