@@ -51,9 +51,9 @@ LISTING_SLACK_S = 5.0
 #: graceful shutdown and its exit (faults.DRAIN_EXIT_S).
 EXIT_S = faults.DRAIN_EXIT_S
 #: etcd_restart: how much sooner than the first lease to run out etcd is started again, at least
-#: (its start and election take about 1 s, and under the busy loop a restart was back about 2.1 s after
-#: it began: 8.1 s after the kill, past an 8 s lease, at a margin of 2 s); or twice as long as its
-#: members took to start on the
+#: (its start and election take about 1 s; under the busy loop a restart was back about 2.1 s
+#: after it began: 8.1 s after the kill, past an 8 s lease, at a margin of 2 s); or twice as long
+#: as its members took to start on the
 #: run (`Cluster.slowest_start_s`), if longer. etcd stays down as long as every lease allows (read
 #: from etcd just before the kill), so that every process's renewal falls due while it is down, and
 #: none runs out: the longer the outage, the likelier the frontend's race (at 0.5-1 s of a 10 s
