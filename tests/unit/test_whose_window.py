@@ -96,7 +96,10 @@ def test_a_drain_that_let_its_request_finish_is_missed_only_where_its_timing_exc
     bound_s = faults.runs_on_for(fault, 2.0)
     signals = ("SIGTERM",) if fault == "drain_expired" else ("SIGTERM", "SIGKILL")
     drained = FaultReport(fault, "worker-1", 2, signals, True)
-    drained = replace(drained, room_proven=room_proven, signalled_at=100.0, bound_s=bound_s)
+    drained = replace(
+        drained, room_proven=room_proven, signalled_at=100.0, bound_s=bound_s,
+        ends_itself=fault == "drain_expired",
+    )  # fmt: skip
     response = over().response
     response.finished_at = 100.0 + after_s
     verdict = judge(ENABLED, "migration_enabled", response, NONE, drained, 8, "exact")

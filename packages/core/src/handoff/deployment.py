@@ -3,6 +3,7 @@ workers drawn from a pool (handoff.pool); up, ready, and down."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import Counter
@@ -16,11 +17,10 @@ from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case
 from handoff.client import Request, Response
 from handoff.errors import CaseFailure
-from handoff.machine import firewall, services
+from handoff.machine import firewall, services, worker_logs
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.ports import PortLeases
 from handoff.machine.processes import ManagedProcess
-from handoff.machine.worker_logs import ANSI
 from handoff.policies import Policy
 from handoff.pool import Pool, PoolKey, StartupFailure, stop_all
 
@@ -283,11 +283,11 @@ class Deployment:
         colours stripped): its endpoints enabled, its prefill router active."""
         assert self.frontend is not None and self.model is not None
         try:
-            text = ANSI.sub("", self.frontend.log_path.read_text(errors="replace"))
+            found = worker_logs.matching(self.frontend.log_path, re.compile(re.escape(marker)))
         except FileNotFoundError:
             return False
         wanted = f"model_name={self.model.name}"
-        return any(marker in line and wanted in line.replace('"', "") for line in text.splitlines())
+        return any(wanted in line.replace('"', "") for line in found)
 
     def raise_if_exited(self) -> None:
         """Fail with the name, exit code and log tail of the first process that has exited."""

@@ -230,18 +230,21 @@ class FaultReport:
     #: way to it (`Proof.lag_s`).
     bound_s: float | None = None
     lag_s: float = 0.0
+    #: The worker's own drain timeout, not the harness's SIGKILL, ends what it holds at the
+    #: bound (drain_expired).
+    ends_itself: bool = False
 
     def blames(self, ended_at: float) -> bool:
         """Whether a response the drain's holder let end complete at `ended_at` (monotonic),
         with no move counted, is the system's doing rather than the harness's lateness:
-        drain_expired, where the worker's own timeout ends it, with the request's room proven
+        where the worker's own timeout ends it (`ends_itself`), with the request's room proven
         at the SIGTERM, or ended well past that timeout (`SERVED_PAST_S`, and twice the lag);
-        graceful_shutdown, where the harness's SIGKILL ends it, with its room proven and ended
+        else (graceful_shutdown), where the harness's SIGKILL ends it, with its room proven and ended
         before the bound had even passed (a late SIGKILL is the harness's)."""
         if self.bound_s is None:
             return False
         bound_at = self.signalled_at + self.bound_s
-        if self.fault == "drain_expired":
+        if self.ends_itself:
             slack = SERVED_PAST_S + LAG_SLOWER_BY * self.lag_s
             return self.room_proven or ended_at > bound_at + slack
         return self.room_proven and ended_at < bound_at
@@ -444,6 +447,7 @@ def drain(
     bound_s = runs_on_for(fault, graceful_bound_s)
     drained = replace(drained, signalled_at=signalled_at, bound_s=bound_s)
     if fault == "drain_expired":
+        drained = replace(drained, ends_itself=True)
         if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
             raise CaseFailure(
                 f"{holder.name} was still running {DRAIN_TIMEOUT_S + DRAIN_EXIT_S:g} s after "

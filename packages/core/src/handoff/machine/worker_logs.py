@@ -27,6 +27,13 @@ RECEIVED = re.compile(r"^(\S+Z)\s.*\brequest received request_id=(\S+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def matching(path: Path, pattern: re.Pattern[str]) -> list[str]:
+    """The lines of the whole log at `path` that `pattern` finds, colours removed (OSError
+    where it cannot be read)."""
+    text = ANSI.sub("", path.read_text(errors="replace"))
+    return [line for line in text.splitlines() if pattern.search(line)]
+
+
 class Tail:
     """A log's whole lines, ANSI colours removed, each read taking only those written since the
     last; a log that shrank (rewritten) is read again from its start, and `restarted` says so

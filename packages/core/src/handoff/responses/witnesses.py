@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import requests
 
 from handoff.backend import Backend, Worker
 from handoff.deployment import Deployment
 from handoff.history import History
-from handoff.machine import etcd
-from handoff.machine.worker_logs import ANSI
+from handoff.machine import etcd, worker_logs
 from handoff.metrics import Unanswered
 from handoff.policies import (
     DRAIN_CUT,
@@ -40,21 +38,14 @@ UNCLASSIFIED = re.compile(
 Reading = tuple[bool | None, str]
 
 
-def lines(path: Path, pattern: re.Pattern[str]) -> list[str]:
-    """The lines of the log at `path` that `pattern` finds, colours removed (OSError where it
-    cannot be read)."""
-    text = ANSI.sub("", path.read_text(errors="replace"))
-    return [line for line in text.splitlines() if pattern.search(line)]
-
-
 def drain_cut(deployment: Deployment, worker: Worker, history: History) -> Reading:
     """The drained worker's runtime gave up its drain with the request in flight, and the
     frontend, losing the stream, classed its end as an unclassified failure: no cause it
     migrates on."""
     assert deployment.frontend is not None
     try:
-        gave_up = lines(worker.process.log_path, DRAIN_TIMED_OUT)
-        unclassified = lines(deployment.frontend.log_path, UNCLASSIFIED)
+        gave_up = worker_logs.matching(worker.process.log_path, DRAIN_TIMED_OUT)
+        unclassified = worker_logs.matching(deployment.frontend.log_path, UNCLASSIFIED)
     except OSError as exc:
         return None, f"a log could not be read: {exc}"
     said = (
@@ -134,7 +125,7 @@ def frontend_gave_up(deployment: Deployment, worker: Worker, history: History) -
     assert deployment.frontend is not None
     reads = [e.data for e in history.timeline() if e.name == "frontend_lease_read"]
     try:
-        gave_up = lines(deployment.frontend.log_path, GAVE_UP)
+        gave_up = worker_logs.matching(deployment.frontend.log_path, GAVE_UP)
     except OSError as exc:
         return None, f"the frontend's log could not be read: {exc}"
     after = [r for r in reads if not r["frontend_running"]]
