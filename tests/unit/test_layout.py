@@ -8,7 +8,8 @@ from pathlib import Path
 import handoff
 
 CORE = Path(handoff.__file__).parent
-MOST_AT_TOP = 22
+#: The case's three parts (cases, lifecycle, verdict), the plugin API and the flow's modules.
+MOST_AT_TOP = 23
 
 
 def module_name(path: Path) -> str:
@@ -59,11 +60,11 @@ def test_a_circle_is_found_when_there_is_one():
     assert circles(graph) == [["a", "b", "c", "a"]]
 
 
-def test_the_top_level_holds_at_most_22_modules():
+def test_the_top_level_holds_at_most_23_modules():
     top = sorted(p.name for p in CORE.glob("*.py"))
     assert len(top) <= MOST_AT_TOP, top
     assert {"cases.py", "backend.py", "deployment.py", "faults.py", "client.py", "verdict.py",
-            "history.py", "runner.py", "pytest_plugin.py", "cli.py"} <= set(top)  # fmt: skip
+            "history.py", "runner.py", "pytest_plugin.py", "cli.py", "lifecycle.py"} <= set(top)  # fmt: skip
 
 
 def room(module: str) -> str:

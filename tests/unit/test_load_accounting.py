@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from handoff import lifecycle
 from handoff.cases import Case
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, HandoffError
@@ -45,7 +46,7 @@ def held(n: int, worker: str, stream: bool, tokens: int = 0) -> Held:
 
 def test_every_cut_request_counts_once_and_the_cap_counts_every_request_sent():
     enabled = expected_counts(
-        expected_outcome("decoding", "migration_enabled", "worker_failure"), 3, 8
+        expected_outcome("decoding", "migration_enabled", lifecycle.of("worker_failure")), 3, 8
     )
     assert enabled.counts() == {
         "ongoing_request": 3,
@@ -55,7 +56,7 @@ def test_every_cut_request_counts_once_and_the_cap_counts_every_request_sent():
         "failed": 0,
     }
     capped = expected_counts(
-        expected_outcome("decoding", "max_seq_len_exceeded", "worker_failure"), 3, 8
+        expected_outcome("decoding", "max_seq_len_exceeded", lifecycle.of("worker_failure")), 3, 8
     )
     assert capped.error is not None
     assert (capped.ongoing_request, capped.max_seq_len_exceeded, capped.failed) == (3, 8, 3)
@@ -79,7 +80,7 @@ def seen(ongoing: int, new: int, failed: int = 0) -> MigrationCounts:
 )
 def test_only_queued_requests_may_be_counted_as_new_requests(counts, queued, shifted):
     expected = expected_counts(
-        expected_outcome("decoding", "migration_enabled", "worker_failure"), 3, 8
+        expected_outcome("decoding", "migration_enabled", lifecycle.of("worker_failure")), 3, 8
     )
     resolved, raced = counted_as_new(expected, counts, queued)
     assert raced == shifted
@@ -219,7 +220,7 @@ def test_a_request_that_completes_with_another_text_than_its_own_fails_naming_th
     """Each request of a load case is judged against its own prompt's text: a response whose
     fourth token differs fails, though it is whole; the text of another prompt fails too."""
     backend = MockerBackend()
-    outcome = expected_outcome("decoding", "migration_enabled", "worker_failure")
+    outcome = expected_outcome("decoding", "migration_enabled", lifecycle.of("worker_failure"))
     words = [f" t{i}" for i in range(MAX_TOKENS)]
     frames = [
         {"id": "x", "choices": [{"delta": {"content": w}, "finish_reason": None}]} for w in words

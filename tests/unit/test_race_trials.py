@@ -1,4 +1,4 @@
-"""The trials of a race case (`responses.single.exercise_race`), each trial's verdict given: the
+"""The trials of a race case (`responses.exercise.exercise`), each trial's verdict given: the
 first failure ends them and is judged against the race; a trial not proven proves no absence of
 the race, so with none failed the case is not proven rather than "the fix has arrived"."""
 
@@ -8,8 +8,8 @@ from test_known_defects import RACED
 from handoff.cases import Case
 from handoff.errors import MissedAfterFault, MissedWindow
 from handoff.history import History
-from handoff.policies import KNOWN_RACES, RACE_TRIALS
-from handoff.responses import single
+from handoff.policies import KNOWN_RACES, RACE_TRIALS, known_defect
+from handoff.responses import exercise
 from handoff.responses.waits import CaseRun
 from handoff.verdict import Verdict
 
@@ -28,9 +28,23 @@ def trials(
         variants.append(run.variant)
         return verdicts[len(variants) - 1] if len(variants) <= len(verdicts) else Verdict(True)
 
-    monkeypatch.setattr(single, "judged_once", judged_once)
     run = CaseRun(None, case, None, None, History(), variant=7)
-    return single.exercise_race(run), variants
+    return race(monkeypatch, run, judged_once), variants
+
+
+class Struck:
+    """A trial's workload that struck no worker: the witness is the verdict's own."""
+
+    holder = faulted = None
+
+    def __init__(self, case: Case) -> None:
+        self.defect = known_defect(case)
+
+
+def race(monkeypatch, run: CaseRun, judged_once) -> Verdict:
+    """`exercise.exercise` of `run`, each trial's verdict (or exception) from `judged_once`."""
+    monkeypatch.setattr(exercise, "once", lambda _plan, run: (judged_once(run), Struck(run.case)))
+    return exercise.exercise(run)
 
 
 RACE = KNOWN_RACES["decode_race", "worker_stall"]
@@ -93,8 +107,7 @@ def test_a_trial_whose_fault_was_never_made_goes_on(monkeypatch):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(single, "judged_once", judged_once)
-    verdict = single.exercise_race(CaseRun(None, RACE_CASE, None, None, History(), variant=7))
+    verdict = race(monkeypatch, CaseRun(None, RACE_CASE, None, None, History(), 7), judged_once)
     assert verdict.upstream_defect == RACE.describe()
 
 
@@ -102,6 +115,5 @@ def test_a_window_missed_after_the_fault_ends_the_trials(monkeypatch):
     def judged_once(run: CaseRun) -> Verdict:
         raise MissedAfterFault("etcd was back past the lease")
 
-    monkeypatch.setattr(single, "judged_once", judged_once)
     with pytest.raises(MissedAfterFault):
-        single.exercise_race(CaseRun(None, RACE_CASE, None, None, History(), variant=7))
+        race(monkeypatch, CaseRun(None, RACE_CASE, None, None, History(), 7), judged_once)

@@ -3,6 +3,7 @@ guide: the request bodies Dynamo 1.6.1 reads, and the outcomes each policy expec
 
 import pytest
 
+from handoff import lifecycle
 from handoff.cases import Case
 from handoff.client import Guide, Request
 from handoff.policies import OUTCOMES, SERVICE_UNAVAILABLE, expected_outcome
@@ -60,41 +61,43 @@ def test_a_json_guide_names_the_first_character_that_is_not_json():
 @pytest.mark.parametrize("request_kind", ["guided", "choices"])
 def test_a_request_that_may_not_move_is_refused_where_another_would_move(policy, request_kind):
     assert (
-        expected_outcome("decoding", policy, "worker_failure", request_kind)
+        expected_outcome("decoding", policy, lifecycle.of("worker_failure"), request_kind)
         == OUTCOMES[("decoding", "migration_disabled")]
     )
-    assert expected_outcome("decoding", policy, "worker_failure").completes
+    assert expected_outcome("decoding", policy, lifecycle.of("worker_failure")).completes
 
 
 def test_a_refused_request_over_the_cap_still_counts_the_cap():
-    refused = expected_outcome("decoding", "max_seq_len_exceeded", "graceful_shutdown", "guided")
+    refused = expected_outcome(
+        "decoding", "max_seq_len_exceeded", lifecycle.of("graceful_shutdown"), "guided"
+    )
     assert (refused.error, refused.max_seq_len_exceeded, refused.failed) == (
         SERVICE_UNAVAILABLE, 1, 1
     )  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "lifecycle, moves, succeeded",
+    "fault, moves, succeeded",
     [("client_close", 0, 0), ("close_after_move", 1, 1), ("close_in_stall", 0, 0)],
 )
-def test_a_client_that_leaves_is_counted_by_what_came_before(lifecycle, moves, succeeded):
-    outcome = expected_outcome("decoding", "migration_enabled", lifecycle)
+def test_a_client_that_leaves_is_counted_by_what_came_before(fault, moves, succeeded):
+    outcome = expected_outcome("decoding", "migration_enabled", lifecycle.of(fault))
     assert (outcome.error, outcome.ongoing_request, outcome.succeeded) == (None, moves, succeeded)
     assert outcome.failed == outcome.new_request == 0
 
 
 @pytest.mark.parametrize(
-    "lifecycle, env",
+    "case_id, env",
     [
         ("client_close-chat-nats", {}),
         ("close_after_move-completion-tcp", {}),
         ("close_in_stall-chat-tcp", {STREAM_TIMEOUT_ENV: "7"}),
     ],
 )
-def test_a_client_leaving_a_stall_meets_the_stream_timeout_that_would_move_it(lifecycle, env):
+def test_a_client_leaving_a_stall_meets_the_stream_timeout_that_would_move_it(case_id, env):
     """Without it the frontend could never move the stalled request: its not moving it would
     prove nothing."""
-    case = Case.from_id(lifecycle, "abandoned")
+    case = Case.from_id(case_id, "abandoned")
     assert fault_env(case, Settings(stream_timeout_s=7)) == env
     stall = Case.from_id("migration_enabled-worker_stall-chat-stream-nats")
     assert fault_env(stall, Settings(stream_timeout_s=7)) == {STREAM_TIMEOUT_ENV: "7"}

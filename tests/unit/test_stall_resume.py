@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from handoff import lifecycle
 from handoff.faults import FaultReport
 from handoff.history import History
 from handoff.responses.recovery import MOVE_SETTLE_S, RESUME_BY_S, Heal
@@ -51,7 +52,7 @@ def resumes(history: History) -> list[dict]:
 
 def test_a_stalled_worker_stays_stopped_until_the_successor_streams_then_resumes_once():
     holder, history = Holder(), History()
-    heal = Heal(holder, report("worker_stall"), history)
+    heal = Heal(holder, report("worker_stall"), history, lifecycle.of("worker_stall"))
     heal.after_move([response(12)])  # the move counted; nothing from the successor yet
     heal.after_move([response(12)])
     assert holder.signals == [] and not heal.done
@@ -64,7 +65,7 @@ def test_a_stalled_worker_stays_stopped_until_the_successor_streams_then_resumes
 
 def test_a_stalled_worker_resumes_when_the_response_ends_without_a_successor():
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History())
+    heal = Heal(holder, report("worker_stall"), History(), lifecycle.of("worker_stall"))
     heal.after_move([response(12)])
     heal.after_move([response(12, finished=True)])
     assert holder.signals == [signal.SIGCONT]
@@ -72,7 +73,7 @@ def test_a_stalled_worker_resumes_when_the_response_ends_without_a_successor():
 
 def test_a_stalled_worker_resumes_by_the_lease_bound_deadline_whatever_the_successor_does():
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History())
+    heal = Heal(holder, report("worker_stall"), History(), lifecycle.of("worker_stall"))
     assert heal.resume_by - time.monotonic() == pytest.approx(RESUME_BY_S, abs=0.5)
     heal.after_move([response(12)])
     heal.resume_by = heal.moved_at = time.monotonic() - MOVE_SETTLE_S - 0.01
@@ -84,7 +85,7 @@ def test_a_move_counted_past_the_lease_bound_deadline_still_waits_its_settling_t
     """Run again within milliseconds of the move, the worker can miss the cancellation
     (Dynamo 13088): a late move does not bring it back at once."""
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History())
+    heal = Heal(holder, report("worker_stall"), History(), lifecycle.of("worker_stall"))
     heal.resume_by = time.monotonic() - 0.01  # the move comes after the deadline
     heal.after_move([response(12)])
     heal.after_move([response(12)])
@@ -98,7 +99,7 @@ def test_a_worker_that_held_several_requests_waits_for_each_successor():
     """Under load: each moved stream must have streamed from its successor, and a moved unary
     request must have ended, before the worker runs again."""
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History())
+    heal = Heal(holder, report("worker_stall"), History(), lifecycle.of("worker_stall"))
     heal.after_move([response(5), response(0, stream=False), response(9)])
     heal.after_move([response(6), response(0, stream=False), response(9)])
     heal.after_move([response(6), response(0, stream=False), response(10)])
@@ -109,7 +110,7 @@ def test_a_worker_that_held_several_requests_waits_for_each_successor():
 
 def test_a_partition_heals_as_soon_as_the_move_is_counted():
     holder, cut, history = Holder(), Cut(), History()
-    heal = Heal(holder, report("partition", cut), history)
+    heal = Heal(holder, report("partition", cut), history, lifecycle.of("partition"))
     heal.after_move([response(12)])
     heal.after_move([response(13)])
     assert cut.healed == 1 and holder.signals == []
@@ -118,7 +119,9 @@ def test_a_partition_heals_as_soon_as_the_move_is_counted():
 
 def test_a_race_resumes_a_stalled_worker_the_instant_the_move_is_counted():
     holder = Holder()
-    heal = Heal(holder, report("worker_stall"), History(), race=lambda: 0)
+    heal = Heal(
+        holder, report("worker_stall"), History(), lifecycle.of("worker_stall"), race=lambda: 0
+    )
     heal.after_move([response(12)])
     assert holder.signals == [signal.SIGCONT]
 
@@ -126,7 +129,9 @@ def test_a_race_resumes_a_stalled_worker_the_instant_the_move_is_counted():
 def test_a_race_keeps_a_cut_off_worker_cut_off_until_the_responses_end():
     """Healed, it would hear the cancellation and drop the request it lost: no race left."""
     holder, cut = Holder(), Cut()
-    heal = Heal(holder, report("partition", cut), History(), race=lambda: 0)
+    heal = Heal(
+        holder, report("partition", cut), History(), lifecycle.of("partition"), race=lambda: 0
+    )
     heal.after_move([response(12)])
     heal.resume_by = heal.moved_at = time.monotonic() - MOVE_SETTLE_S - 0.01
     heal.after_move([response(13)])
@@ -140,7 +145,13 @@ def test_a_race_records_the_lost_request_running_once_its_engine_shows_it():
     """The race's witness (`policies.LOST_RAN_ON`): after the move the stalled worker's engine
     is read until it reports a request running, once."""
     holder, history, readings = Holder(), History(), iter([None, 0, 1, 1])
-    heal = Heal(holder, report("worker_stall"), history, race=lambda: next(readings))
+    heal = Heal(
+        holder,
+        report("worker_stall"),
+        history,
+        lifecycle.of("worker_stall"),
+        race=lambda: next(readings),
+    )
     for chunks in (12, 12, 12, 12):
         heal.after_move([response(chunks)])
     running = [e.data for e in history.events if e.name == "lost_request_running"]

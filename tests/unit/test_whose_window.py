@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from handoff import faults
+from handoff import faults, lifecycle
 from handoff.client import Chunk, Request, Response
 from handoff.errors import CaseFailure, MissedWindow
 from handoff.faults import FaultReport
 from handoff.metrics import MigrationCounts
 from handoff.policies import OUTCOMES
 from handoff.responses import load
+from handoff.responses.waits import Settings
 from handoff.verdict import FAILED, NOT_PROVEN, judge
 
 ID = "9f1c2e4a-0000-4000-8000-000000000001"
@@ -93,7 +94,7 @@ def test_a_drain_that_let_its_request_finish_is_missed_only_where_its_timing_exc
     """A drained worker ended the request complete within its drain, no move counted: the
     harness's miss, or the worker's serving on past its drain, as the drain's own timing says
     (`FaultReport.blames`)."""
-    bound_s = faults.runs_on_for(fault, 2.0)
+    bound_s = lifecycle.of(fault).runs_on(Settings(graceful_bound_s=2.0))
     signals = ("SIGTERM",) if fault == "drain_expired" else ("SIGTERM", "SIGKILL")
     drained = FaultReport(fault, "worker-1", 2, signals, True)
     drained = replace(

@@ -197,9 +197,11 @@ class Topology:
     pre_merge_promise: Promise
     #: The verdict must also prove that the request's KV prefix was transferred.
     proves_kv_transfer: bool = False
-    #: Many requests at once (the backend's `load_requests`), the fault on the worker that
-    #: holds the most of them (handoff.load).
-    load: bool = False
+    #: How the case exercises its fault (`responses.exercise.WORKLOADS`): "one" request;
+    #: "load": many at once (the backend's `load_requests`), the fault on the worker that
+    #: holds the most of them; "rolling": a steady load while every worker of the target role
+    #: is drained in turn; "leaves": a client that leaves.
+    workload: str = "one"
     #: What the request asks for besides its text: "plain" (nothing), one of `MAY_NOT_MOVE`,
     #: "usage" (a plain request whose usage after the move is judged too), or "stop" and
     #: "stop_after" (one with a stop string across or after the move: `responses.stops`), or
@@ -207,7 +209,7 @@ class Topology:
     #: `SAMPLINGS` (its tokens chosen under penalties or drawn).
     request: str = "plain"
     #: The silent worker's race, on purpose (`policies.KNOWN_RACES`): the lifecycle repeats
-    #: until it shows (`responses.single.exercise_race`); a stalled worker runs again the
+    #: until it shows (`responses.exercise.exercise`); a stalled worker runs again the
     #: instant the frontend counts the move, a cut-off one stays cut off until the response
     #: has ended (`responses.recovery.Heal`). Elsewhere a silent worker waits for the
     #: successor's first token, and a cut decode worker is cut in its response's last seconds.
@@ -215,9 +217,11 @@ class Topology:
     #: A load case whose faulted worker's replacement starts as the fault lands and must join
     #: while the streams are in flight (`responses.joining`).
     join: bool = False
-    #: A rolling restart under a steady load (`responses.rolling`): every worker of the target
-    #: role drained and replaced in turn.
-    rolling: bool = False
+
+    @property
+    def load(self) -> bool:
+        """Many requests in flight at once."""
+        return self.workload in ("load", "rolling")
 
     @property
     def id_axes(self) -> tuple[str, ...]:
@@ -296,7 +300,7 @@ LOAD = Topology(
         "max_seq_len_not_exceeded-partition-completion-nats",
     ),
     pre_merge_promise=LIFECYCLES_PROMISE,
-    load=True,
+    workload="load",
 )
 
 #: A load case whose faulted worker is replaced while the streams are in flight: killed or
@@ -347,7 +351,7 @@ ROLLING = replace(
     omitted_from_id=("policy", "fault", "response"),
     pre_merge_ids=("chat-nats", "completion-tcp"),
     pre_merge_promise=Promise(each_value_of=("api", "plane")),
-    rolling=True,
+    workload="rolling",
 )
 
 #: A request the frontend must not move (`MAY_NOT_MOVE`), faulted while it decodes: a guide
@@ -483,6 +487,7 @@ ABANDONED = Topology(
         "close_in_stall-chat-tcp",
     ),
     pre_merge_promise=Promise(each_value_of=("fault",)),
+    workload="leaves",
 )
 
 #: Dynamo 1.6.1's race of the re-issued request, on purpose: the request re-issued to the prefill

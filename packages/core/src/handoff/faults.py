@@ -33,34 +33,14 @@ import psutil
 
 from handoff import continuity
 from handoff.backend import Backend, Worker
-from handoff.cases import BROKER, DISCOVERY_PLANE, DRAINS, ENGINE, STALLS, Case
 from handoff.client import InFlight, completion_problems
 from handoff.errors import CaseFailure, ConnectionCut, HandoffError, MissedWindow
-from handoff.machine import etcd, firewall, worker_logs
-from handoff.machine.discovery import FILE, Layout
+from handoff.machine import firewall, worker_logs
 from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess, await_stopped
 from handoff.metrics import Unanswered, once_answered
 
 HOLDER_TIMEOUT_S = 30.0
-#: The signal each fault starts with.
-FIRST_SIGNAL = {
-    "worker_failure": "SIGKILL",
-    "graceful_shutdown": "SIGTERM",
-    "worker_stall": "SIGSTOP",
-    "drain_expired": "SIGTERM",
-    "partition": "nftables drop",
-    "broker_stall": "SIGSTOP",
-    "broker_loss": "SIGKILL",
-    "stall_past_lease": "SIGSTOP",
-    "engine_failure": "SIGKILL",
-    "lease_expiry": "SIGKILL",
-    "lease_revoked": "lease revoke",
-    "etcd_partition": "nftables drop",
-    "etcd_member_loss": "SIGKILL",
-    "etcd_restart": "SIGKILL",
-    "etcd_loss": "SIGKILL",
-}
 #: How long a partition's rules may take to drop their first packet: the holder streams its
 #: tokens on, so only rules that missed its connections drop nothing.
 CUT_PROOF_S = 10.0
@@ -74,21 +54,6 @@ DRAIN_EXIT_S = 15.0
 #: runtime's teardown, the client's read) before a response it let end complete is one it
 #: served on past that timeout (`FaultReport.blames`).
 SERVED_PAST_S = 1.0
-#: What a fault needs of the workers of its pool beyond the backend's launch: a tag for the
-#: pool's key (its workers are not interchangeable with others') and their environment.
-WORKER_ENV = {
-    "drain_expired": (
-        f"drain{DRAIN_TIMEOUT_S}s",
-        {"DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": str(DRAIN_TIMEOUT_S)},
-    ),
-    # Dynamo's engine monitor asks the engine's health every 2 s and gives each answer 30 s,
-    # then its shutdown 60 s: shorter here, so that a worker that never notices its engine's
-    # death is told apart within ENGINE_EXIT_S rather than 92 s.
-    "engine_failure": (
-        "engine10s",
-        {"DYN_ENGINE_HEALTH_CHECK_TIMEOUT": "10", "DYN_ENGINE_HEALTH_SHUTDOWN_TIMEOUT": "10"},
-    ),
-}
 #: engine_failure: how long the worker may take to notice its engine's death by its engine
 #: monitor alone (one 2 s interval and one check's timeout, WORKER_ENV), where no request of
 #: its raised it first; and the longest it may take to exit by itself: that, the engine's
@@ -239,8 +204,8 @@ class FaultReport:
         with no move counted, is the system's doing rather than the harness's lateness:
         where the worker's own timeout ends it (`ends_itself`), with the request's room proven
         at the SIGTERM, or ended well past that timeout (`SERVED_PAST_S`, and twice the lag);
-        else (graceful_shutdown), where the harness's SIGKILL ends it, with its room proven and ended
-        before the bound had even passed (a late SIGKILL is the harness's)."""
+        else (graceful_shutdown), where the harness's SIGKILL ends it, with its room proven
+        and ended before the bound had even passed (a late SIGKILL is the harness's)."""
         if self.bound_s is None:
             return False
         bound_at = self.signalled_at + self.bound_s
@@ -363,53 +328,59 @@ def await_last_seconds(
     return poll_until(probe, deadline, f"the last {seconds:g} s of the response")
 
 
-def inject(
+def kill(fault: str, holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
+    """SIGKILL the holder's tree, held first (`hold`), and wait until it is gone."""
+    hold(holder, watched, "SIGKILL", deadline)
+    holder.process.kill()
+    if left := holder.process.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
+        raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
+    return FaultReport(fault, holder.name, holder.process.pid, ("SIGKILL",), False)
+
+
+def stall(fault: str, holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
+    """SIGSTOP the holder's tree (`hold`); it stays so until `heal`."""
+    hold(holder, watched, "SIGSTOP", deadline)
+    return FaultReport(fault, holder.name, holder.process.pid, ("SIGSTOP",), False)
+
+
+def partition(fault: str, holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
+    """Drop every packet of the held holder's connections (`partition_flows`) and prove the
+    rules dropped some; they stay until `heal`, and are removed at teardown whatever happens."""
+    process = holder.process
+    hold(holder, watched, "nftables drop", deadline)
+    try:
+        cut = firewall.Cut(partition_flows(holder))
+    finally:
+        process.signal_tree(signal.SIGCONT)
+    prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
+    signals = ("nftables drop",)
+    return FaultReport(fault, holder.name, process.pid, signals, False, cut=cut)
+
+
+def fault_broker(
     fault: str,
+    stops: bool,
     holder: Worker,
     watched: Watched,
-    graceful_bound_s: float,
+    broker: ManagedProcess | None,
     deadline: Deadline,
-    broker: ManagedProcess | None = None,
 ) -> FaultReport:
-    """worker_failure: SIGKILL the tree. worker_stall, stall_past_lease: SIGSTOP it; it stays so
-    until `heal`. partition: drop every packet of the tree's connections (`partition_flows`) and
-    prove the rules dropped some; they stay until `heal`. broker_stall, broker_loss: SIGSTOP
-    `broker` (the deployment's nats-server), or SIGKILL it and wait until it is gone. Each is
-    made with the holder held (`hold`): the request is in flight when it takes effect, by
-    construction. graceful_shutdown, drain_expired: `drain`."""
-    if fault in ENGINE:
-        return kill_engine(holder, watched, deadline)
-    if fault in DRAINS:
-        return drain(fault, holder, watched, graceful_bound_s, deadline)
-    process = holder.process
-    hold(holder, watched, FIRST_SIGNAL[fault], deadline)
-    signals = (FIRST_SIGNAL[fault],)
-    if fault in BROKER:
-        assert broker is not None, f"{fault} needs the deployment's nats-server"
-        try:
-            return fault_broker(fault, broker, deadline.within(HOLDER_TIMEOUT_S))
-        finally:
-            process.signal_tree(signal.SIGCONT)
-    if fault in STALLS:
-        return FaultReport(fault, holder.name, process.pid, signals, False)
-    if fault == "partition":
-        try:
-            cut = firewall.Cut(partition_flows(holder))  # removed at teardown, whatever happens
-        finally:
-            process.signal_tree(signal.SIGCONT)
-        prove_cut(cut, holder, deadline.within(CUT_PROOF_S))
-        return FaultReport(fault, holder.name, process.pid, signals, False, cut=cut)
-    process.kill()
-    if left := process.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
-        raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
-    return FaultReport(fault, holder.name, process.pid, signals, False)
-
-
-def runs_on_for(fault: str, graceful_bound_s: float) -> float | None:
-    """How long `fault` lets the holder run on before its last signal, which the request must
-    outlast (`require_room`): a drain's graceful bound or drain timeout. None for a
-    fault made on a held holder (`hold`), which needs no room."""
-    return {"graceful_shutdown": graceful_bound_s, "drain_expired": DRAIN_TIMEOUT_S}.get(fault)
+    """SIGSTOP the deployment's nats-server (`stops`), or SIGKILL it and wait until it is
+    gone, with the holder held meanwhile: the request is in flight when it takes effect."""
+    if broker is None:
+        raise HandoffError(f"{fault} needs the deployment's nats-server, and it runs none")
+    first = "SIGSTOP" if stops else "SIGKILL"
+    hold(holder, watched, first, deadline)
+    try:
+        if stops:
+            broker.freeze(deadline.within(HOLDER_TIMEOUT_S))
+        else:
+            broker.kill()
+            if left := broker.wait_gone(deadline.within(HOLDER_TIMEOUT_S)):
+                raise CaseFailure(f"{broker.name} still alive after SIGKILL: {left}")
+    finally:
+        holder.process.signal_tree(signal.SIGCONT)
+    return FaultReport(fault, broker.name, broker.pid, (first,), False)
 
 
 def hold(holder: Worker, watched: Watched, what: str, deadline: Deadline) -> None:
@@ -428,13 +399,18 @@ def hold(holder: Worker, watched: Watched, what: str, deadline: Deadline) -> Non
 
 
 def drain(
-    fault: str, holder: Worker, watched: Watched, graceful_bound_s: float, deadline: Deadline
+    fault: str,
+    holder: Worker,
+    watched: Watched,
+    bound_s: float,
+    ends_itself: bool,
+    deadline: Deadline,
 ) -> FaultReport:
-    """graceful_shutdown: SIGTERM the parent, then, unless the whole tree had exited by the bound
-    (its parent's exit status read, then its tree), hold it and SIGKILL what is left.
-    drain_expired: SIGTERM the parent and wait for the tree to exit by itself once its drain
-    timeout has passed. The worker drains on: whether the response had ended by the last signal
-    is read at that moment (`FaultReport`)."""
+    """SIGTERM the parent; then, where the worker's own drain timeout `bound_s` ends what it
+    holds (`ends_itself`), wait for the tree to exit by itself; else, unless the whole tree
+    had exited by the graceful bound `bound_s` (its parent's exit status read, then its tree),
+    hold it and SIGKILL what is left. The worker drains on: whether the response had ended by
+    the last signal is read at that moment (`FaultReport`)."""
     process = holder.process
     signalled_at = time.monotonic()
     if not process.signal_leader(signal.SIGTERM):
@@ -444,17 +420,15 @@ def drain(
         )
     process.tree()  # remember the descendants before the parent, draining, can orphan them
     drained = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
-    bound_s = runs_on_for(fault, graceful_bound_s)
-    drained = replace(drained, signalled_at=signalled_at, bound_s=bound_s)
-    if fault == "drain_expired":
-        drained = replace(drained, ends_itself=True)
-        if left := process.wait_gone(deadline.within(DRAIN_TIMEOUT_S + DRAIN_EXIT_S)):
+    drained = replace(drained, signalled_at=signalled_at, bound_s=bound_s, ends_itself=ends_itself)
+    if ends_itself:
+        if left := process.wait_gone(deadline.within(bound_s + DRAIN_EXIT_S)):
             raise CaseFailure(
-                f"{holder.name} was still running {DRAIN_TIMEOUT_S + DRAIN_EXIT_S:g} s after "
-                f"SIGTERM, its drain timeout {DRAIN_TIMEOUT_S} s: {left}"
+                f"{holder.name} was still running {bound_s + DRAIN_EXIT_S:g} s after "
+                f"SIGTERM, its drain timeout {bound_s:g} s: {left}"
             )
         return replace(drained, response_done_at_kill=watched.finished)
-    if process.exited_within(deadline.within(graceful_bound_s)) and not process.tree():
+    if process.exited_within(deadline.within(bound_s)) and not process.tree():
         return replace(drained, finished_in_grace=watched.finished)
     process.freeze(deadline.within(HOLDER_TIMEOUT_S))
     done_before = watched.finished
@@ -520,22 +494,6 @@ def engine_core(holder: Worker) -> psutil.Process:
             f"not one"
         )
     return found[0]
-
-
-def faulted_process(fault: str, holder: Worker, broker: ManagedProcess | None) -> ManagedProcess:
-    """What `fault` signals: the deployment's nats-server for the broker's faults, else the
-    holder's process."""
-    return broker if fault in BROKER and broker else holder.process
-
-
-def fault_broker(fault: str, broker: ManagedProcess, deadline: Deadline) -> FaultReport:
-    if fault == "broker_stall":
-        broker.freeze(deadline)
-    else:
-        broker.kill()
-        if left := broker.wait_gone(deadline):
-            raise CaseFailure(f"{broker.name} still alive after SIGKILL: {left}")
-    return FaultReport(fault, broker.name, broker.pid, (FIRST_SIGNAL[fault],), False)
 
 
 def heal(holder: Worker, fault: FaultReport) -> None:
@@ -611,40 +569,3 @@ def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:
 #: the reading took 4.3 s more, past the frontend's end. With 400 tokens (the fault made on a
 #: held holder) and 15 s, three times that reading is left.
 LOSS_LEASE_S = 15
-
-
-def discovery(case: Case, chosen: str) -> Layout:
-    """Where `case`'s workers register: the `chosen` discovery (the file store, or etcd of one
-    member), but always etcd for the discovery plane's cases: three members to lose one of,
-    three pinned to a process each to cut one worker off, and a longer lease where etcd is
-    lost for good (`LOSS_LEASE_S`)."""
-    if case.topology != DISCOVERY_PLANE.name:
-        return FILE if chosen == "file" else Layout("etcd", 1)
-    if case.fault == "etcd_member_loss":
-        return Layout("etcd", 3)
-    if case.fault == "etcd_partition":
-        return Layout("etcd", 3, pinned=True)
-    if case.fault == "etcd_loss":
-        return Layout("etcd", 1, lease_s=LOSS_LEASE_S)
-    return Layout("etcd", 1)
-
-
-def missing_for(case: Case, chosen: str) -> tuple[str, str] | None:
-    """What of `case` cannot run on this machine and why, in one line that says the fix; None
-    when it can: a partition (from the frontend or from etcd) needs nftables, a case on etcd
-    needs etcd."""
-    if case.fault in ("partition", "etcd_partition") and (why := firewall.missing()):
-        return case.fault, why
-    if discovery(case, chosen).kind == "etcd" and (why := etcd.missing()):
-        return "etcd", why
-    return None
-
-
-def worker_env(fault: str) -> dict[str, str]:
-    """The environment `fault`'s workers get beyond the backend's launch."""
-    return dict(WORKER_ENV[fault][1]) if fault in WORKER_ENV else {}
-
-
-def worker_tag(fault: str) -> tuple[str, ...]:
-    """What `fault` adds to its pool's key: workers launched differently share no pool."""
-    return (WORKER_ENV[fault][0],) if fault in WORKER_ENV else ()

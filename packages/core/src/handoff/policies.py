@@ -32,8 +32,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from handoff.cases import BROKER, DISCOVERY, MAY_NOT_MOVE, SILENT
+from handoff.cases import MAY_NOT_MOVE
 from handoff.errors import HandoffError
+from handoff.lifecycle import LEAVES, OFF_PATH, Lifecycle
 
 #: The limit Dynamo's own migration tests use when migration is on.
 ENABLED_LIMIT = 3
@@ -428,6 +429,11 @@ KNOWN_DIVERGENCES = {
 }
 
 
+def raced(case) -> bool:
+    """Whether `case` provokes a known race on purpose, trial after trial (`race_trials`)."""
+    return (case.topology, case.fault) in KNOWN_RACES
+
+
 def known_defect(case) -> KnownDefect | None:
     """The known defect `case` runs into on purpose: its topology's race where it is the race's
     fault, its topology's documented divergence, else its fault's."""
@@ -446,20 +452,22 @@ def policy(name: str) -> Policy:
 
 
 def expected_outcome(
-    fault_window: str, policy_name: str, fault: str, request: str = "plain"
+    fault_window: str, policy_name: str, lifecycle: Lifecycle, request: str = "plain"
 ) -> Outcome:
-    if fault in ABANDONED:
-        return ABANDONED[fault]
+    """What the frontend must do with the response `lifecycle`'s fault meets (`Lifecycle.meets`)
+    under `policy_name`, in the topology's `fault_window`, for a `request` of its kind."""
+    if lifecycle.meets == LEAVES:
+        return lifecycle.outcome
     outcome = OUTCOMES[(fault_window, policy_name)]
     if request in MAY_NOT_MOVE and outcome.completes:
         # Refused like a move the policy forbids; the sequence cap is still counted.
         outcome = replace(outcome, error=SERVICE_UNAVAILABLE, succeeded=0, failed=1)
-    if fault in BROKER or (fault in DISCOVERY and fault != "lease_expiry"):
+    if lifecycle.meets == OFF_PATH:
         # What a lost or stalled broker, or any fault of etcd or of a lease, leaves of a
         # request already streaming: its response does not go through them, so it completes
         # and nothing is migrated, whatever the policy. A prompt over the sequence cap is still
-        # counted, as it is when the request arrives. A lease_expiry is a SIGKILL.
+        # counted, as it is when the request arrives.
         return Outcome(None, 0, 0, outcome.max_seq_len_exceeded, 0, 0)
-    if fault in SILENT and outcome.error is not None:
+    if lifecycle.silent and outcome.error is not None:
         return replace(outcome, error=DEADLINE_EXCEEDED)
     return outcome

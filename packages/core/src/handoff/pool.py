@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from handoff import faults, metrics
+from handoff import lifecycle, metrics
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
@@ -74,9 +74,10 @@ class PoolKey:
 
     @classmethod
     def of(cls, backend: Backend, case: Case, roles: tuple[str, ...]) -> PoolKey:
-        variant = (*backend.worker_variant(case), *faults.worker_tag(case.fault))
+        own = lifecycle.of(case.fault).worker_env
+        variant = (*backend.worker_variant(case), *((own[0],) if own else ()))
         chosen = str(backend.setting("discovery"))
-        return cls(backend.name, roles, case.plane, variant, faults.discovery(case, chosen))
+        return cls(backend.name, roles, case.plane, variant, lifecycle.layout(case.fault, chosen))
 
     @property
     def label(self) -> str:
@@ -233,7 +234,8 @@ class Pool:
         ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
         launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         name = f"worker-{next(self._serial)}-{role}"
-        env = {**launch.env, **faults.worker_env(self.case.fault)}
+        own = lifecycle.of(self.case.fault).worker_env
+        env = {**launch.env, **(own[1] if own else {})}
         if spare and self.layout.keeps_spares_unseen:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import faults
+from handoff import lifecycle
 from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only
 from handoff.errors import HandoffError
@@ -351,7 +351,7 @@ def selected_cases(config: pytest.Config, backend: Backend) -> list[Case]:
     """The cases the command line selects that this machine can run, before pytest-split
     takes a share of them."""
     chosen = str(backend.setting("discovery"))
-    return [c for c in chosen_cases(config, backend) if not faults.missing_for(c, chosen)]
+    return [c for c in chosen_cases(config, backend) if not lifecycle.missing(c.fault, chosen)]
 
 
 def chosen_cases(config: pytest.Config, backend: Backend) -> list[Case]:
@@ -372,7 +372,7 @@ def not_run_here(config: pytest.Config) -> list[str]:
         return []  # reported at collection, in one line
     missing: dict[str, list[Case]] = {}
     for case in cases:
-        if found := faults.missing_for(case, str(backend.setting("discovery"))):
+        if found := lifecycle.missing(case.fault, str(backend.setting("discovery"))):
             what, why = found
             missing.setdefault(f"{what} cases not run: {why}", []).append(case)
     return [f"handoff: {len(held)} {line}" for line, held in missing.items()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import requests
 
 from handoff.backend import Backend
-from handoff.cases import ABANDONS, Case, topology
+from handoff.cases import Case
 from handoff.deployment import Deployment
 from handoff.errors import MISSED_WINDOW, CaseFailure, ConnectionCut, HandoffError, MissedWindow
 from handoff.history import History
@@ -19,9 +19,9 @@ from handoff.machine import start_gate
 from handoff.machine.interrupts import interruptible
 from handoff.machine.polling import Deadline
 from handoff.machine.wallclock import step_reason
-from handoff.policies import KNOWN_RACES, Policy, policy
+from handoff.policies import Policy, policy
 from handoff.pool import Pool, Pools
-from handoff.responses import abandon, load, rolling, single
+from handoff.responses.exercise import exercise
 from handoff.responses.waits import (
     CaseRun,
     Settings,
@@ -146,8 +146,8 @@ def deploy_and_exercise(
     pools: Pools | None,
     frontend_env: dict[str, str] | None,
 ) -> Verdict:
-    """Draw the case's workers (or start its own), start its frontend, and run its exercise:
-    the load, a client that leaves, or the one request."""
+    """Draw the case's workers (or start its own), start its frontend, and run the exercise
+    (`responses.exercise`)."""
     roles = roles or backend.roles(case.topology)
     settings = sized_for_queues(case, settings, backend)
     env = fault_env(case, settings) if frontend_env is None else frontend_env
@@ -168,18 +168,7 @@ def deploy_and_exercise(
         pids={p.name: p.pid for p in deployment.processes},
         ports=deployment.ports,
     )
-    exercised = (
-        rolling.exercise_rolling
-        if topology(case.topology).rolling
-        else load.exercise_load
-        if topology(case.topology).load
-        else abandon.exercise_abandon
-        if case.fault in ABANDONS
-        else single.exercise_race
-        if (case.topology, case.fault) in KNOWN_RACES
-        else single.exercise_one
-    )
-    return exercised(CaseRun(deployment, case, settings, deadline, history, draws_before))
+    return exercise(CaseRun(deployment, case, settings, deadline, history, draws_before))
 
 
 def concluded(

@@ -1,7 +1,7 @@
-"""A client that leaves (cases.ABANDONS): it closes its stream mid-response, once the request
-has moved, or while the worker holding it is stopped. The frontend must count the close once
-and move nothing it should not, and every worker that held the request must stop it, in its
-handler and in its engine: none may go on generating for a client that has gone."""
+"""A client that leaves (the `abandoned` topology): it closes its stream mid-response, once
+the request has moved, or while the worker holding it is stopped. The frontend must count the
+close once and move nothing it should not, and every worker that held the request must stop it,
+in its handler and in its engine: none may go on generating for a client that has gone."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Shape, Worker
-from handoff.cases import ABANDONS, STALLS, Case, topology
+from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import expected_outcome, known_defect
-from handoff.responses import recovery, witnesses
+from handoff.responses import recovery
 from handoff.responses.waits import (
     CLIENT_GRACE_S,
     REFERENCE,
@@ -83,59 +83,131 @@ def frontend_closes(text: str) -> dict[str, float]:
     return {name: metrics.sample_sum(text, name, labels) for name, labels in CLOSE_COUNTERS}
 
 
-def exercise_abandon(run: CaseRun) -> Verdict:
-    """Stream a request, let the lifecycle's worker fault come first (none, a kill, a stall),
-    hang up, and judge what the frontend counted and what every worker that held it did."""
-    deployment, case, settings, deadline, history = run.parts
-    backend, where = deployment.backend, topology(case.topology)
-    assert deployment.model is not None
-    metrics_url, model = deployment.base_url + "/metrics", deployment.model.name
-    shape = backend.shape(case, run.variant)
-    request = Request(
-        case.api, True, model, shape.prompt, shape.max_tokens, request_id=str(uuid.uuid4()),
-        annotations=shape.annotations,
-    )  # fmt: skip
-    targets = [w for w in deployment.workers if w.role == where.target_role]
-    counts_before = metrics.MigrationCounts.read(metrics_url, model)
-    before = Readings.take(deployment, targets, deadline)
-    inflight = InFlight(
-        deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
-    )
-    history.record(
-        "request_sent", api=case.api, stream=True, max_tokens=shape.max_tokens,
-        request_id=request.request_id,
-    )  # fmt: skip
-    proving, _ = proof_deadline(backend, case, shape, None, settings.in_flight_tokens, deadline)
-    holder, heal = lead_up(
-        deployment, case, settings, inflight, targets, proving, deadline, history
-    )
-    closed_at = inflight.close()
-    history.record_at("client_closed", closed_at, chunks=inflight.response.content_chunks)
-    try:
+class Leaving:
+    """A client that leaves as the exercise's workload (`responses.exercise`): a stream whose
+    lifecycle's worker fault comes first (none, a kill, a stall), then its client hangs up;
+    judged by what the frontend counted and what every worker that held it did."""
+
+    holder: Worker | None = None
+    faulted: str | None = None
+
+    def __init__(self, run: CaseRun) -> None:
+        deployment, case, _, deadline, _ = run.parts
+        self.run, self.defect = run, known_defect(case)
+        assert deployment.model is not None
+        self.metrics_url = deployment.base_url + "/metrics"
+        self.shape = shape = deployment.backend.shape(case, run.variant)
+        self.request = Request(
+            case.api, True, deployment.model.name, shape.prompt, shape.max_tokens,
+            request_id=str(uuid.uuid4()), annotations=shape.annotations,
+        )  # fmt: skip
+        role = topology(case.topology).target_role
+        self.targets = [w for w in deployment.workers if w.role == role]
+        self.counts_before = metrics.MigrationCounts.read(self.metrics_url, deployment.model.name)
+        self.before = Readings.take(deployment, self.targets, deadline)
+        self.heal: recovery.Heal | None = None
+        self.problems: list[str] = []
+
+    def __enter__(self) -> Leaving:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.heal is not None:  # never leave a stalled worker stopped
+            self.heal()
+
+    def send(self) -> None:
+        deployment, case, _, deadline, history = self.run.parts
+        self.inflight = InFlight(
+            deployment.base_url, self.request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
+        )
+        history.record(
+            "request_sent", api=case.api, stream=True, max_tokens=self.shape.max_tokens,
+            request_id=self.request.request_id,
+        )  # fmt: skip
+
+    def hold(self) -> None:
+        deployment, case, settings, deadline, history = self.run.parts
+        backend, needed = deployment.backend, settings.in_flight_tokens
+        proving, _ = proof_deadline(backend, case, self.shape, None, needed, deadline)
+        self.holder = faults.find_holder(backend, self.targets, self.inflight, deadline)
+        history.record("holder_found", worker=self.holder.name, pid=self.holder.process.pid)
+        proof = faults.prove_in_flight(
+            backend, self.holder, self.inflight, self.chunks, topology(case.topology).fault_window,
+            needed, "streamed content chunks", proving,
+        )  # fmt: skip
+        history.record("in_flight_proven", how=proof.how)
+
+    def chunks(self) -> int:
+        return self.inflight.response.content_chunks
+
+    def inject(self) -> None:
+        """The lifecycle's worker fault (none, a kill, a stall) and, after a kill, the successor
+        proven to hold the request; the response still open; then the client leaves."""
+        run, holder = self.run, self.holder
+        assert holder is not None
+        lifecycle, history = run.lifecycle, run.history
+        if lifecycle.inject is not None:
+            report = recovery.send_fault(run, holder, faults.Watch(self.inflight))
+            lifecycle.left(run, holder, report)
+            if lifecycle.stops_holder:
+                self.heal = recovery.Heal(holder, report, history, lifecycle)
+        if lifecycle.leaves_once_moved:
+            self.successor_streams()
+        if self.inflight.finished:
+            raise faults.ended_before(self.inflight, "before the client could leave it")
+        self.closed_at = self.inflight.close()
+        history.record_at("client_closed", self.closed_at, chunks=self.chunks())
+
+    def successor_streams(self) -> None:
+        deployment, case, settings, deadline, history = self.run.parts
+        backend = deployment.backend
+        survivors = [w for w in self.targets if w is not self.holder]
+        successor = faults.find_holder(backend, survivors, self.inflight, deadline)
+        proof = faults.prove_in_flight(
+            backend, successor, self.inflight, self.chunks, topology(case.topology).fault_window,
+            self.chunks() + settings.in_flight_tokens, "streamed content chunks", deadline,
+        )  # fmt: skip
+        history.record("moved_in_flight", worker=successor.name, how=proof.how)
+
+    def await_end(self) -> None:
+        """With the holder stalled, the frontend must not move what its client left; every
+        worker that held the request must stop it; the client's stream ends."""
+        deployment, _, settings, deadline, history = self.run.parts
+        if self.heal is not None:
+            watch = MoveWatch(deployment, self.counts_before, self.before, self.closed_at, settings)
+            self.problems += watch.problems(self.heal, deadline, history)
+            self.heal()
+        self.problems += stop_problems(deployment, self.request, self.before, deadline, history)
+        inflight = self.inflight
+        poll_until(lambda: (True if inflight.finished else None, "open"), deadline, "the client")
+        record_response(inflight, history)
+
+    def check(self) -> Verdict:
+        deployment, case, _, deadline, history = self.run.parts
+        backend, where = deployment.backend, topology(case.topology)
+        expected = expected_outcome(
+            where.fault_window, case.policy, self.run.lifecycle, where.request
+        )
+        counts = settled_counts(
+            self.metrics_url, deployment.model_name, self.counts_before, expected,
+            backend.migration_counts, deadline,
+        )  # fmt: skip
+        history.record("metrics_read", counts=counts.as_dict())
+        problems = self.problems + count_problems(expected, counts, backend.migration_counts)
+        problems += response_problems(self.inflight)
+        response = self.inflight.response
+        problems += delivered_problems(backend, case, self.shape, self.request, response)
+        return Verdict(passed=not problems, reasons=problems, phase=history.phase)
+
+    def aftermath(self) -> list[str]:
+        """A stalled worker, running again, must be routed to again; every gauge at 0."""
+        deployment, _, _, deadline, history = self.run.parts
         problems = []
-        if heal is not None:  # the stall: the frontend must not move what its client left
-            watch = MoveWatch(deployment, counts_before, before, closed_at, settings)
-            problems += watch.problems(heal, deadline, history)
-            heal()
-        problems += stop_problems(deployment, request, before, deadline, history)
-        if heal is not None:  # and the worker, running again, must be routed to again
-            problems += recovery.rejoin_problems(deployment, holder, request, history, shape)
-    finally:
-        if heal is not None:
-            heal()
-    poll_until(lambda: (True if inflight.finished else None, "open"), deadline, "the client")
-    record_response(inflight, history)
-    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
-    counts = settled_counts(
-        metrics_url, model, counts_before, expected, backend.migration_counts, deadline
-    )
-    history.record("metrics_read", counts=counts.as_dict())
-    problems += count_problems(expected, counts, backend.migration_counts)
-    problems += response_problems(inflight)
-    problems += delivered_problems(backend, case, shape, request, inflight.response)
-    problems += recovery.idle_problems(deployment, metrics_url, deadline, history)
-    verdict = Verdict(passed=not problems, reasons=problems, phase=history.phase)
-    return witnesses.judged_against(verdict, known_defect(case), deployment, holder, history)
+        if self.heal is not None and self.holder is not None:
+            problems += recovery.rejoin_problems(
+                deployment, self.holder, self.request, history, self.shape
+            )
+        return problems + recovery.idle_problems(deployment, self.metrics_url, deadline, history)
 
 
 def delivered_problems(
@@ -148,48 +220,6 @@ def delivered_problems(
         response, backend.output_tokens, backend.reference(case.api, shape), REFERENCE,
         ids=backend.output_token_ids, origin=backend.token_origin if request.annotated else None,
     ).problems  # fmt: skip
-
-
-def lead_up(
-    deployment: Deployment,
-    case: Case,
-    settings: Settings,
-    inflight: InFlight,
-    targets: list[Worker],
-    proving: Deadline,
-    deadline: Deadline,
-    history: History,
-) -> tuple[Worker, recovery.Heal | None]:
-    """Everything before the client leaves: the holder found and proven in flight (by
-    `proving`), then the lifecycle's worker fault (none, a kill, a stall) and, after a kill,
-    the successor proven to hold the request; the response still open. The holder, and the
-    stall's heal (None for the other lifecycles)."""
-    backend, where = deployment.backend, topology(case.topology)
-    holder = faults.find_holder(backend, targets, inflight, deadline)
-    history.record("holder_found", worker=holder.name, pid=holder.process.pid)
-    chunks = lambda: inflight.response.content_chunks  # noqa: E731
-    proof = faults.prove_in_flight(
-        backend, holder, inflight, chunks, where.fault_window, settings.in_flight_tokens,
-        "streamed content chunks", proving,
-    )  # fmt: skip
-    history.record("in_flight_proven", how=proof.how)
-    heal = None
-    if first := ABANDONS[case.fault]:
-        watched = faults.Watch(inflight)
-        report = recovery.send_fault(first, holder, watched, settings, deadline, None, history)
-        recovery.record_fault(deployment, holder, report, history)
-        heal = recovery.Heal(holder, report, history) if first in STALLS else None
-    if case.fault == "close_after_move":  # the client leaves once the successor streams it
-        survivors = [w for w in targets if w is not holder]
-        successor = faults.find_holder(backend, survivors, inflight, deadline)
-        proof = faults.prove_in_flight(
-            backend, successor, inflight, chunks, where.fault_window,
-            chunks() + settings.in_flight_tokens, "streamed content chunks", deadline,
-        )  # fmt: skip
-        history.record("moved_in_flight", worker=successor.name, how=proof.how)
-    if inflight.finished:
-        raise faults.ended_before(inflight, "before the client could leave it")
-    return holder, heal
 
 
 class MoveWatch:

@@ -26,13 +26,13 @@ import contextlib
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 import psutil
 
 from handoff import client, faults
-from handoff.backend import Shape, Worker
-from handoff.cases import Case
+from handoff.backend import Worker
 from handoff.client import Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, MissedAfterFault
@@ -42,6 +42,7 @@ from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.processes import ManagedProcess
 from handoff.pool import Pool, stop_trees
 from handoff.responses import recovery
+from handoff.responses.waits import CaseRun
 from handoff.verdict import completion_problems
 
 #: How long after its lease ran out a worker may still be listed: etcd expires leases every
@@ -64,70 +65,94 @@ OUTAGE_MARGIN_S = 3.0
 PROBE_EVERY_S = 1.0
 
 
-def aimed(fault: str, deployment: Deployment) -> list[etcd.Member]:
-    """The etcd members `fault` kills, chosen before its request is sent (reading every
-    process's connections took 5 s on a loaded machine, in which the request ended): the one
-    Dynamo's processes hold most connections to (`most_connected`), every member, or none."""
-    cluster = deployment.pool.etcd
-    if cluster is None or fault not in ("etcd_member_loss", "etcd_restart", "etcd_loss"):
-        return []
-    if fault == "etcd_member_loss":
-        return [most_connected(cluster, deployment)]
-    return list(cluster.members)
+def aim_most_connected(deployment: Deployment) -> list[etcd.Member]:
+    """The member Dynamo's processes hold most connections to (`most_connected`), chosen
+    before the request is sent: reading every process's connections took 5 s on a loaded
+    machine, in which the request ended."""
+    assert deployment.pool.etcd is not None
+    return [most_connected(deployment.pool.etcd, deployment)]
 
 
-def send_fault(
-    fault: str, holder: Worker, watched: faults.Watched, deployment: Deployment,
-    aimed_at: list[etcd.Member], deadline: Deadline, history: History,
-) -> faults.FaultReport:  # fmt: skip
-    """Make `fault` on the deployment's etcd (its members `aimed_at`) or on the lease of
-    `holder`, recorded as sent."""
-    pool = deployment.pool
-    if pool.etcd is None:
-        raise CaseFailure(f"{fault} needs a pool on etcd, and {pool.name} is on the file store")
-    history.record("fault_sent", fault=fault, signal=faults.FIRST_SIGNAL[fault], worker=holder.name)
-    if fault == "lease_expiry":
-        killed = faults.inject("worker_failure", holder, watched, 0.0, deadline)
-        report = replace(killed, fault=fault)
-    else:
-        faults.hold(holder, watched, faults.FIRST_SIGNAL[fault], deadline)
-        try:  # what every lease allows, read just before the kill
-            lease_s = pool.etcd.shortest_lease() if fault == "etcd_restart" else 0
-            killed_at = time.monotonic()
-            report = inject(fault, holder, pool, aimed_at, deadline)
+def aim_every_member(deployment: Deployment) -> list[etcd.Member]:
+    assert deployment.pool.etcd is not None
+    return list(deployment.pool.etcd.members)
+
+
+#: What an act on etcd does with the holder held: its report, and what follows once the
+#: holder runs again (etcd started again), if anything.
+Act = Callable[[CaseRun, Worker, list[etcd.Member]], "tuple[faults.FaultReport, Then | None]"]
+Then = Callable[[faults.FaultReport], faults.FaultReport]
+
+
+def on_etcd(act: Act) -> Callable[..., faults.FaultReport]:
+    """A fault of the discovery plane as an injection (`Lifecycle.inject`): `act`, on the
+    pool's etcd or on the holder's lease, made with the holder held (`faults.hold`); a cut
+    proven to drop a packet once the holder runs again (its keep-alives meet the rules)."""
+
+    def inject(
+        run: CaseRun, holder: Worker, watched: faults.Watched, aimed: list[etcd.Member]
+    ) -> faults.FaultReport:
+        pool, deadline = run.deployment.pool, run.deadline
+        if pool.etcd is None:
+            raise CaseFailure(f"{run.case.fault} needs a pool on etcd, and {pool.name} is not")
+        faults.hold(holder, watched, run.lifecycle.first_signal, deadline)
+        try:
+            report, then = act(run, holder, aimed)
         finally:
             holder.process.signal_tree(signal.SIGCONT)
-    if report.cut is not None:  # the holder's keep-alives, once it runs, meet the rules
-        faults.prove_cut(report.cut, holder, deadline.within(faults.CUT_PROOF_S))
-    if fault == "etcd_restart":
-        report = restarted(pool.etcd, aimed_at, report, lease_s, killed_at, deadline)
-    history.record("discovery_faulted", on=report.worker, signals=list(report.signals))
-    return report
+        if report.cut is not None:
+            faults.prove_cut(report.cut, holder, deadline.within(faults.CUT_PROOF_S))
+        report = then(report) if then else report
+        run.history.record("discovery_faulted", on=report.worker, signals=list(report.signals))
+        return report
+
+    return inject
 
 
-def inject(
-    fault: str, holder: Worker, pool: Pool, members: list[etcd.Member], deadline: Deadline
-) -> faults.FaultReport:
-    """Made on a held holder (`faults.hold`): lease_revoked: revoke its leases. etcd_partition:
-    drop every packet to and from the holder's own member (`Layout.pinned`); proven to drop
-    some once the holder runs again (`prove_cut`). etcd_member_loss, etcd_restart, etcd_loss:
-    SIGKILL `members` and wait until they are gone."""
-    cluster = pool.etcd
-    assert cluster is not None
-    if fault == "lease_revoked":
-        if not (ids := pool.instance_ids.get(holder.name)):
-            raise CaseFailure(f"no instance id of {holder.name} is known: no lease to revoke")
-        if ended := [i for i in sorted(ids) if not cluster.revoke(i)]:
-            raise CaseFailure(f"{holder.name}'s lease(s) {ended} had ended before the revoke")
-        return faults.FaultReport(fault, holder.name, holder.process.pid, ("revoke",), False)
-    if fault == "etcd_partition":
-        port = pool.pinned[holder.name].client_port
-        cut = firewall.Cut([firewall.Flow(dport=port), firewall.Flow(sport=port)])
-        pid, signals = holder.process.pid, ("nftables drop",)
-        return faults.FaultReport(fault, holder.name, pid, signals, False, cut=cut)
+def revoke(run: CaseRun, holder: Worker, _: list[etcd.Member]) -> tuple[faults.FaultReport, None]:
+    """Revoke the holder's leases."""
+    pool = run.deployment.pool
+    assert pool.etcd is not None
+    if not (ids := pool.instance_ids.get(holder.name)):
+        raise CaseFailure(f"no instance id of {holder.name} is known: no lease to revoke")
+    if ended := [i for i in sorted(ids) if not pool.etcd.revoke(i)]:
+        raise CaseFailure(f"{holder.name}'s lease(s) {ended} had ended before the revoke")
+    report = faults.FaultReport(run.case.fault, holder.name, holder.process.pid, ("revoke",), False)
+    return report, None
+
+
+def cut_from_etcd(
+    run: CaseRun, holder: Worker, _: list[etcd.Member]
+) -> tuple[faults.FaultReport, None]:
+    """Drop every packet to and from the holder's own member (`Layout.pinned`)."""
+    port = run.deployment.pool.pinned[holder.name].client_port
+    cut = firewall.Cut([firewall.Flow(dport=port), firewall.Flow(sport=port)])
+    signals = ("nftables drop",)
+    report = faults.FaultReport(run.case.fault, holder.name, holder.process.pid, signals, False)
+    return replace(report, cut=cut), None
+
+
+def kill_members(
+    run: CaseRun, _: Worker, members: list[etcd.Member]
+) -> tuple[faults.FaultReport, None]:
+    """SIGKILL `members` and wait until they are gone."""
     killed = [m.process for m in members if m.process is not None]
-    _kill(killed, deadline)
-    return faults.FaultReport(fault, members[0].name, killed[0].pid, ("SIGKILL",), False)
+    _kill(killed, run.deadline)
+    report = faults.FaultReport(run.case.fault, members[0].name, killed[0].pid, ("SIGKILL",), False)
+    return report, None
+
+
+def restart_members(
+    run: CaseRun, holder: Worker, members: list[etcd.Member]
+) -> tuple[faults.FaultReport, Then]:
+    """SIGKILL `members`, then, once the holder runs again, start them again within every
+    lease held at the kill (`restarted`), read just before it."""
+    cluster = run.deployment.pool.etcd
+    assert cluster is not None
+    lease_s = cluster.shortest_lease()
+    killed_at = time.monotonic()
+    report, _ = kill_members(run, holder, members)
+    return report, lambda r: restarted(cluster, members, r, lease_s, killed_at, run.deadline)
 
 
 def restarted(
@@ -186,49 +211,70 @@ def _kill(processes: list[ManagedProcess], deadline: Deadline) -> None:
         raise CaseFailure("; ".join(survivors))
 
 
-def aftermath(
-    deployment: Deployment,
-    case: Case,
-    holder: Worker,
-    report: faults.FaultReport,
-    request: Request,
-    shape: Shape,
-    faulted_at: float,
-    deadline: Deadline,
-    history: History,
-) -> list[str]:
-    """What the fault must leave once the response has ended (the module's list); then every
-    gauge at 0 (`recovery.idle_problems`) where the frontend still serves."""
-    fault, problems, serves = case.fault, [], True
-    if fault in ("lease_expiry", "etcd_partition"):
-        lease_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
-        problems += unlisted_problems(deployment, holder, faulted_at, lease_s, history)
-    if fault == "lease_revoked":
-        problems += unlisted_problems(deployment, holder, faulted_at, LISTING_SLACK_S, history)
-        revoked = "its lease was revoked"
-        problems += exit_problems([holder.process], revoked, faulted_at, EXIT_S, history)
-    if fault == "etcd_partition":
-        assert report.cut is not None
-        report.cut.heal()
-        history.record("worker_resumed", worker=holder.name, how="the cut removed")
-        problems += recovery.rejoin_problems(deployment, holder, request, history, shape)
-        recovery.retire(holder, deadline)  # never draw it again: its pool replaces it
-    if fault == "etcd_member_loss":
-        problems += kept_serving(deployment, request, "after one etcd member was lost", history)
-        restart_lost(deployment.pool, deadline, history)
-    if fault == "etcd_restart":
-        watch = FrontendLease(deployment, history)
-        problems += kept_serving(deployment, request, "after etcd came back", history, watch)
-        serves = not problems
-    if fault == "etcd_loss":
-        bound_s = deployment.pool.layout.lease_s + EXIT_S
-        ended = deployment.dynamo_processes
-        problems += exit_problems(ended, "etcd was lost", faulted_at, bound_s, history)
-        serves = False
-    if serves:
-        metrics_url = deployment.base_url + "/metrics"
-        problems += recovery.idle_problems(deployment, metrics_url, deadline, history, faulted_at)
-    return problems
+def lease_expired_after(struck: recovery.Struck) -> list[str]:
+    """lease_expiry: the frontend no longer lists the dead worker within its lease."""
+    lease_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
+    return unlisted(struck, lease_s) + struck.idle()
+
+
+def revoked_after(struck: recovery.Struck) -> list[str]:
+    """lease_revoked: the frontend drops the worker at once; the worker ends by itself."""
+    holder, history = struck.holder, struck.run.history
+    problems = unlisted(struck, LISTING_SLACK_S)
+    why = "its lease was revoked"
+    problems += exit_problems([holder.process], why, struck.faulted_at, EXIT_S, history)
+    return problems + struck.idle()
+
+
+def cut_from_etcd_after(struck: recovery.Struck) -> list[str]:
+    """etcd_partition: the frontend drops the cut-off worker within its lease; healed, the
+    worker must serve again; then it is retired (never drawn again: its pool replaces it)."""
+    run, holder = struck.run, struck.holder
+    problems = unlisted(struck, etcd.LEASE_TTL_S + LISTING_SLACK_S)
+    assert struck.report.cut is not None
+    struck.report.cut.heal()
+    run.history.record("worker_resumed", worker=holder.name, how="the cut removed")
+    problems += recovery.rejoin_problems(
+        run.deployment, holder, struck.request, run.history, struck.shape
+    )
+    recovery.retire(holder, run.deadline)
+    return problems + struck.idle()
+
+
+def member_lost_after(struck: recovery.Struck) -> list[str]:
+    """etcd_member_loss: new requests complete; the member is started again for the pool's
+    next case."""
+    run = struck.run
+    problems = kept_serving(
+        run.deployment, struck.request, "after one etcd member was lost", run.history
+    )
+    restart_lost(run.deployment.pool, run.deadline, run.history)
+    return problems + struck.idle()
+
+
+def restarted_after(struck: recovery.Struck) -> list[str]:
+    """etcd_restart: every process goes on, the frontend's own lease read meanwhile
+    (`FrontendLease`); a frontend that stopped serving is not asked for its gauges."""
+    run = struck.run
+    watch = FrontendLease(run.deployment, run.history)
+    when = "after etcd came back"
+    problems = kept_serving(run.deployment, struck.request, when, run.history, watch)
+    return problems or struck.idle()
+
+
+def lost_after(struck: recovery.Struck) -> list[str]:
+    """etcd_loss: every process ends by itself within its lease and its shutdown."""
+    deployment, history = struck.run.deployment, struck.run.history
+    bound_s = deployment.pool.layout.lease_s + EXIT_S
+    ended = deployment.dynamo_processes
+    return exit_problems(ended, "etcd was lost", struck.faulted_at, bound_s, history)
+
+
+def unlisted(struck: recovery.Struck, within_s: float) -> list[str]:
+    run = struck.run
+    return unlisted_problems(
+        run.deployment, struck.holder, struck.faulted_at, within_s, run.history
+    )
 
 
 def unlisted_problems(

@@ -14,15 +14,17 @@ from itertools import pairwise
 
 from handoff import continuity, faults, metrics
 from handoff.backend import Backend, Shape, Worker
-from handoff.cases import BROKER, PAST_LEASE, SILENT, STALLS, Case, topology
+from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, MissedAfterFault
 from handoff.history import History, resumption_s
+from handoff.lifecycle import OFF_PATH
+from handoff.lifecycle import of as lifecycle_of
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import received
-from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome
-from handoff.responses import evidence, joining, recovery, waits, witnesses
+from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome, known_defect
+from handoff.responses import evidence, joining, recovery, waits
 from handoff.responses.pace import Pace, paced
 from handoff.verdict import (
     Verdict,
@@ -101,57 +103,101 @@ class Loaded:
         return self.held[0].request, lambda: any(not h.inflight.finished for h in self.held)
 
 
-def exercise_load(run: waits.CaseRun) -> Verdict:
-    """Send the backend's `load_requests` at once (streams and unary requests in turn, each
-    prompt its own), fault the worker holding the most of them once every one is placed, and
-    judge each request, with the evidence every request gets, and the counters for all. In the
+class Load:
+    """The backend's `load_requests` at once (streams and unary requests in turn, each prompt
+    its own), the fault on the worker holding the most of them once every one is placed, and
+    each request judged with the evidence every request gets, and the counters for all. In the
     `join` topology the faulted worker's replacement starts as the fault lands
-    (`responses.joining`)."""
-    deployment, case, settings, deadline, history = run.parts
-    loaded = send_load(deployment, case, deadline, history, run.variant)
-    victim, victims, proven_at = hold_load(deployment, case, loaded, settings, deadline, history)
-    with ExitStack() as stack:
-        joiner = None
+    (`responses.joining`). The exercise's workload (`responses.exercise`)."""
+
+    holder: Worker | None = None
+    faulted: str | None = None
+
+    def __init__(self, run: waits.CaseRun) -> None:
+        self.run, self.defect = run, known_defect(run.case)
+        self.stack = ExitStack()
+        self.joiner: joining.Joiner | None = None
+
+    def __enter__(self) -> Load:
+        self.stack.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.__exit__(*exc)
+        if exc[0] is None:  # every request judged: its lanes (report.html) drawn from this
+            self.run.history.record("load_accounted", requests=self.accounted)
+
+    def send(self) -> None:
+        deployment, case, _, deadline, history = self.run.parts
+        self.loaded = send_load(deployment, case, deadline, history, self.run.variant)
+
+    def hold(self) -> None:
+        deployment, case, settings, deadline, history = self.run.parts
+        victim, self.victims, self.proven_at = hold_load(
+            deployment, case, self.loaded, settings, deadline, history
+        )
+        self.holder, self.faulted = victim, victim.name
+
+    def inject(self) -> None:
+        run, victim, loaded = self.run, self.holder, self.loaded
+        assert victim is not None
+        deployment, case, settings, deadline, history = run.parts
+        lifecycle = run.lifecycle
         if topology(case.topology).join:
             joining_worker = joining.Joiner(
                 deployment, victim.role, history, *loaded.probe(), [victim.name], deadline
             )
-            joiner = stack.enter_context(joining.retired(joining_worker, history))
-        signalled_at = time.monotonic()
-        fault = recovery.send_fault(
-            case.fault, victim, VictimWatch(victims), settings, deadline, deployment.pool.nats,
-            history, holding=len(victims),
-        )  # fmt: skip
-        recovery.record_fault(deployment, victim, fault, history)
-        heal = recovery.Heal(victim, fault, history)
-        cut = in_window(deployment, fault, victims, loaded.before.counts, deadline)
+            self.joiner = self.stack.enter_context(joining.retired(joining_worker, history))
+        self.signalled_at = time.monotonic()
+        watch = VictimWatch(self.victims)
+        self.fault = recovery.send_fault(run, victim, watch, holding=len(self.victims))
+        lifecycle.left(run, victim, self.fault)
+        self.heal = recovery.Heal(victim, self.fault, history, lifecycle)
+        cut = in_window(deployment, self.fault, self.victims, loaded.before.counts, deadline)
         # A stall long enough for the queues (`waits.sized_for_queues`) outlives the worker's
-        # discovery lease: it is healed only once the frontend has dropped it (`aftermath`).
-        outlives_lease = (
-            case.fault in STALLS and settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
+        # discovery lease: it is healed only once the frontend has dropped it (`aftermath`),
+        # and meets that stall's known defect.
+        self.outlives_lease = bool(lifecycle.past_lease) and (
+            settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
         )
-        # The broker's faults touch no worker: nothing any worker held is cut.
-        cut = [] if case.fault in BROKER else cut
-        await_load(run, loaded, proven_at, (heal, cut) if not outlives_lease else None)
+        if self.outlives_lease:
+            self.defect = KNOWN_DEFECTS.get(str(lifecycle.past_lease))
+        # A fault off the response's path (the broker's) touches no worker: nothing is cut.
+        self.cut = [] if lifecycle.meets == OFF_PATH else cut
+
+    def await_end(self) -> None:
+        healing = (self.heal, self.cut) if not self.outlives_lease else None
+        await_load(self.run, self.loaded, self.proven_at, healing)
+
+    def check(self) -> Verdict:
+        deployment, case, _, deadline, history = self.run.parts
+        loaded, victim = self.loaded, self.holder
+        assert victim is not None
         ids = {str(h.request.request_id) for h in loaded.held}
-        served = received(deployment.serving, ids)
-        verdict = judge_load(deployment, case, loaded, victim, cut, served, deadline, history)
-        if joiner:  # its probe ends before every gauge must read 0 (`aftermath`)
-            problems, unproven = joiner.problems(
-                [h.inflight for h in loaded.held], loaded.first_shape, served, history
+        self.served = received(deployment.serving, ids)
+        verdict = judge_load(
+            deployment, case, loaded, victim, self.cut, self.served, deadline, history
+        )
+        if self.joiner:  # its probe ends before every gauge must read 0 (`aftermath`)
+            problems, unproven = self.joiner.problems(
+                [h.inflight for h in loaded.held], loaded.first_shape, self.served, history
             )
-            verdict.reasons += problems + joiner.retire()
+            verdict.reasons += problems + self.joiner.retire()
             verdict.unproven += unproven
-        verdict.reasons += recovery.aftermath(
-            deployment, case, victim, heal, loaded.held[0].request, loaded.first_shape,
-            outlives_lease, signalled_at,
-            deadline, history,
+        return verdict
+
+    def aftermath(self) -> list[str]:
+        loaded, victim = self.loaded, self.holder
+        assert victim is not None
+        struck = recovery.Struck(
+            self.run, victim, self.fault, self.heal, loaded.held[0].request, loaded.first_shape,
+            self.signalled_at, self.outlives_lease,
         )  # fmt: skip
-    history.record("load_accounted", requests=price(loaded.held, cut, signalled_at, served))
-    verdict.passed = not verdict.reasons and not verdict.unproven
-    # A stall past the lease meets its defect; a reason the defect does not explain fails plainly.
-    defect = KNOWN_DEFECTS.get(PAST_LEASE if outlives_lease else case.fault)
-    return witnesses.judged_against(verdict, defect, deployment, victim, history, victim.name)
+        return self.run.lifecycle.aftermath(struck)
+
+    @property
+    def accounted(self) -> list[dict[str, object]]:
+        return price(self.loaded.held, self.cut, self.signalled_at, self.served)
 
 
 def await_load(
@@ -172,7 +218,7 @@ def await_load(
     history.record("response_bound", seconds=round(bound_s, 1), why=why)
     await_all(
         loaded.held, deployment, loaded.before.counts, deadline.within(bound_s), why, history,
-        heal_cut if case.fault in SILENT else None,
+        heal_cut if run.lifecycle.silent else None,
     )  # fmt: skip
     for h in loaded.held:
         waits.record_response(h.inflight, history, request=h.n)
@@ -317,7 +363,9 @@ def judge_load(
         deployment.model_name,
         loaded.before,
     )
-    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, case.fault)
+    outcome = expected_outcome(
+        topology(case.topology).fault_window, case.policy, lifecycle_of(case.fault)
+    )
     expected, counts, raced_notes = load_counts(
         deployment, outcome, loaded, cut, served, deadline, history
     )
@@ -548,7 +596,7 @@ def load_bound(
     slowest stream decoding when it was placed, counted from the requests' sending (or the
     backend's own `whole_s`), in as many rounds as the surviving workers' decoding slots need,
     and `waits.RESPONSE_FIXED_S` for the moves."""
-    wait_s, waits_for = waits.fault_wait(case.fault, case.plane, settings)
+    wait_s, waits_for = waits.fault_wait(case, settings)
     max_tokens = held[0].request.max_tokens
     streams = [h for h in held if h.request.stream and h.state == DECODING]
     if streams:

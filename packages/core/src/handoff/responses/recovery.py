@@ -9,26 +9,21 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import requests
 
 from handoff import client, continuity, faults, metrics
 from handoff.backend import Shape, Worker
-from handoff.cases import BROKER, DISCOVERY, ENGINE, SILENT, STALLS, Case
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment, silent
 from handoff.errors import CaseFailure
 from handoff.history import History
+from handoff.lifecycle import Lifecycle
 from handoff.machine.polling import Deadline, Timeout, poll_until
-from handoff.machine.processes import ManagedProcess
 from handoff.machine.worker_logs import receipts, received
 from handoff.policies import SERVICE_UNAVAILABLE
-from handoff.responses.waits import (
-    BROKER_REQUEST_TIMEOUT_S,
-    Settings,
-    reference_text,
-)
+from handoff.responses.waits import BROKER_REQUEST_TIMEOUT_S, CaseRun, reference_text
 from handoff.verdict import carries, completion_problems
 
 #: How a worker that must serve again is named in what its probes find: one whose fault was
@@ -74,54 +69,52 @@ GAUGE_SETTLE_S = 3.0
 
 
 def send_fault(
-    fault: str,
-    holder: Worker,
-    watched: faults.Watched,
-    settings: Settings,
-    deadline: Deadline,
-    broker: ManagedProcess | None,
-    history: History,
-    **detail: object,
+    run: CaseRun, holder: Worker, watched: faults.Watched, aimed: Sequence[object] = (), **detail
 ) -> faults.FaultReport:
-    """Fault `holder` (or the `broker`, `faults.faulted_process`), recording what went to whom;
-    `watched` is the response whose end the fault must come before."""
-    faulted = faults.faulted_process(fault, holder, broker)
-    history.record(
-        "fault_sent",
-        fault=fault,
-        signal=faults.FIRST_SIGNAL[fault],
-        worker=holder.name if faulted is holder.process else faulted.name,
-        pid=faulted.pid,
-        **detail,
-    )
-    return faults.inject(fault, holder, watched, settings.graceful_bound_s, deadline, broker)
+    """The case's fault (`CaseRun.lifecycle`) on `holder`, recorded as sent to what it
+    signals; `watched` is what it must land before the end of, `aimed` the etcd members its
+    lifecycle chose (`Lifecycle.aim`)."""
+    lifecycle = run.lifecycle
+    target = lifecycle.target(run, holder)
+    run.history.record(
+        "fault_sent", fault=lifecycle.name, signal=lifecycle.first_signal, worker=target.name,
+        pid=target.pid, **detail,
+    )  # fmt: skip
+    return lifecycle.inject(run, holder, watched, aimed)
 
 
-def record_fault(
-    deployment: Deployment, holder: Worker, report: faults.FaultReport, history: History
-) -> None:
-    """What the fault left, in the history; a worker it ended is replaced at once
-    (`Deployment.replace`), as a real deployment's would be. A fault of the discovery plane
-    that left the holder running was recorded as made (`discovery_plane.send_fault`)."""
-    if report.fault in DISCOVERY and report.fault != "lease_expiry":
-        return
-    if report.fault in STALLS:
-        history.record("worker_stopped", signals=list(report.signals))
-    elif report.cut is not None:
-        history.record("worker_cut_off", table=report.cut.table, rules=len(report.cut.flows))
-    elif report.fault in BROKER:
-        history.record("broker_faulted", signals=list(report.signals))
-    else:
-        if report.fault in ENGINE:  # the worker was not signalled: it ended by itself
-            exit_code = holder.process.exit_code()
-            history.record(
-                "worker_exited", engine_pid=report.pid, exit_code=exit_code,
-                after_engine_s=round(time.monotonic() - (report.engine_killed_at or 0.0), 3),
-            )  # fmt: skip
-        else:
-            history.record("worker_gone", signals=list(report.signals))
-        if successor := deployment.replace(holder):
-            history.record("successor_started", worker=successor)
+def stopped(run: CaseRun, holder: Worker, report: faults.FaultReport) -> None:
+    run.history.record("worker_stopped", signals=list(report.signals))
+
+
+def cut_off(run: CaseRun, holder: Worker, report: faults.FaultReport) -> None:
+    assert report.cut is not None
+    run.history.record("worker_cut_off", table=report.cut.table, rules=len(report.cut.flows))
+
+
+def broker_faulted(run: CaseRun, holder: Worker, report: faults.FaultReport) -> None:
+    run.history.record("broker_faulted", signals=list(report.signals))
+
+
+def gone(run: CaseRun, holder: Worker, report: faults.FaultReport) -> None:
+    """A worker the fault ended, replaced at once (`Deployment.replace`), as a real
+    deployment's would be."""
+    run.history.record("worker_gone", signals=list(report.signals))
+    replaced(run, holder)
+
+
+def engine_gone(run: CaseRun, holder: Worker, report: faults.FaultReport) -> None:
+    """A worker whose engine was killed, which ended by itself, replaced at once."""
+    run.history.record(
+        "worker_exited", engine_pid=report.pid, exit_code=holder.process.exit_code(),
+        after_engine_s=round(time.monotonic() - (report.engine_killed_at or 0.0), 3),
+    )  # fmt: skip
+    replaced(run, holder)
+
+
+def replaced(run: CaseRun, holder: Worker) -> None:
+    if successor := run.deployment.replace(holder):
+        run.history.record("successor_started", worker=successor)
 
 
 class Heal:
@@ -146,6 +139,7 @@ class Heal:
         holder: Worker,
         report: faults.FaultReport,
         history: History,
+        lifecycle: Lifecycle,
         race: Callable[[], float | None] | None = None,
     ) -> None:
         """Made as soon as the fault has taken effect: `RESUME_BY_S` counts from here. `race`:
@@ -155,6 +149,7 @@ class Heal:
         the worker's engine runs until one shows (`lost_request_running`: the race's witness,
         `policies.LOST_RAN_ON`)."""
         self.holder, self.report, self.history = holder, report, history
+        self.silent, self.stops_holder = lifecycle.silent, lifecycle.stops_holder
         self.race = race
         self.lost_seen = False
         self.resume_by = time.monotonic() + RESUME_BY_S
@@ -166,7 +161,7 @@ class Heal:
         """Called on every look at the responses the worker held, once the frontend has
         counted their moves."""
         if self.race:
-            if self.report.fault in STALLS:
+            if self.stops_holder:
                 self()
             self.look_for_lost(self.race)
             return
@@ -181,7 +176,7 @@ class Heal:
             )
         )
         late = now >= max(self.resume_by, self.moved_at + MOVE_SETTLE_S)
-        if self.report.fault not in SILENT or successors_streamed or late:
+        if not self.silent or successors_streamed or late:
             self()
 
     def look_for_lost(self, running: Callable[[], float | None]) -> None:
@@ -201,12 +196,12 @@ class Heal:
         self.history.record("worker_resumed", worker=self.holder.name, packets_dropped=dropped)
 
 
-def broker_problems(
-    deployment: Deployment, fault: str, request: Request, history: History
-) -> list[str]:
-    """A broker fault's aftermath: the refusal while it is down, then the recovery."""
+def broker_problems(struck: Struck, restart: bool) -> list[str]:
+    """A broker fault's aftermath: the refusal while it is down, then the recovery once it is
+    resumed (SIGCONT) or started again on its port (`restart`)."""
+    deployment, request, history = struck.run.deployment, struck.request, struck.run.history
     problems = refusal_problems(deployment, request, history)
-    return problems + recovery_problems(deployment, fault, request, history)
+    return problems + recovery_problems(deployment, restart, request, history)
 
 
 def refusal_problems(deployment: Deployment, request: Request, history: History) -> list[str]:
@@ -243,19 +238,19 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
 
 
 def recovery_problems(
-    deployment: Deployment, fault: str, request: Request, history: History
+    deployment: Deployment, restart: bool, request: Request, history: History
 ) -> list[str]:
     """The broker back (SIGCONT, or nats-server started again on its port), new requests must
     work again: short requests go out one at a time until one completes, within
     RECOVERY_BOUND_S; the time it took is in the history."""
     pool = deployment.pool
-    if fault == "broker_stall":
+    if restart:
+        pool.restart_nats()
+    else:
         assert pool.nats is not None
         pool.nats.signal_tree(signal.SIGCONT)
-    else:
-        pool.restart_nats()
     healed_at = time.monotonic()
-    history.record("broker_healed", how="SIGCONT" if fault == "broker_stall" else "restarted")
+    history.record("broker_healed", how="restarted" if restart else "SIGCONT")
 
     def completed(probe: Request, response: Response) -> tuple[bool | None, str]:
         return (True if response.status == 200 and response.error is None else None), ""
@@ -498,36 +493,56 @@ def retire(holder: Worker, deadline: Deadline) -> None:
         raise CaseFailure(f"{holder.name} still alive after SIGKILL: {left}")
 
 
-def aftermath(
-    deployment: Deployment,
-    case: Case,
-    victim: Worker,
-    heal: Heal,
-    request: Request,
-    shape: Shape,
-    outlives_lease: bool,
-    stopped_at: float,
-    deadline: Deadline,
-    history: History,
-) -> list[str]:
-    """What the fault leaves once every response has ended: a healed worker serving again, the
-    broker's refusal and recovery, every gauge at 0. A stall that outlived the worker's lease,
+@dataclass
+class Struck:
+    """What a fault's aftermath is handed (`Lifecycle.aftermath`): the case, the worker it
+    struck, its report and heal, the case's request and shape (what probes are made of:
+    `short`), when it struck, and whether the stall outlived the worker's lease."""
+
+    run: CaseRun
+    holder: Worker
+    report: faults.FaultReport
+    heal: Heal
+    request: Request
+    shape: Shape
+    faulted_at: float
+    outlives_lease: bool = False
+
+    def idle(self) -> list[str]:
+        """Every gauge at 0 once every response ended (`idle_problems`)."""
+        deployment = self.run.deployment
+        return idle_problems(
+            deployment, deployment.base_url + "/metrics", self.run.deadline, self.run.history,
+            self.faulted_at,
+        )  # fmt: skip
+
+
+def idle_after(struck: Struck) -> list[str]:
+    """A worker ended or drained: what it held went elsewhere, and every gauge falls to 0."""
+    return struck.idle()
+
+
+def healed_after(struck: Struck) -> list[str]:
+    """A stalled or cut-off worker, healed, must serve again; a stall that outlived its lease,
     proven by the frontend dropping it, leaves it unroutable on Dynamo 1.6.1 (the known defect
-    of `stall_past_lease`); the worker is then retired so that its pool replaces it. `request`
-    (of `shape`) is what the probes of the deployment are made of (`short`)."""
-    problems: list[str] = []
-    if outlives_lease:
-        await_unlisted(deployment, victim, stopped_at, history)
-    if case.fault in SILENT:
-        heal()
-        problems += rejoin_problems(deployment, victim, request, history, shape)
-    if outlives_lease:
-        retire(victim, deadline)
-    if case.fault in BROKER:
-        problems += broker_problems(deployment, case.fault, request, history)
-    # A worker the fault ended (or `retire` did) has exited and is not asked for its gauge.
-    metrics_url = deployment.base_url + "/metrics"
-    return problems + idle_problems(deployment, metrics_url, deadline, history, stopped_at)
+    of `stall_past_lease`): it is then retired, so that its pool replaces it."""
+    run, holder = struck.run, struck.holder
+    if struck.outlives_lease:
+        await_unlisted(run.deployment, holder, struck.faulted_at, run.history)
+    struck.heal()
+    problems = rejoin_problems(run.deployment, holder, struck.request, run.history, struck.shape)
+    if struck.outlives_lease:
+        retire(holder, run.deadline)
+    # A worker `retire` ended has exited and is not asked for its gauge.
+    return problems + struck.idle()
+
+
+def broker_resumed_after(struck: Struck) -> list[str]:
+    return broker_problems(struck, restart=False) + struck.idle()
+
+
+def broker_restarted_after(struck: Struck) -> list[str]:
+    return broker_problems(struck, restart=True) + struck.idle()
 
 
 #: The roles whose engines decode, and may decode on after their handler let a request go (a

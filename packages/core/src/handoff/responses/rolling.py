@@ -29,13 +29,13 @@ from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.faults import HOLDER_TIMEOUT_S
 from handoff.history import History
+from handoff.lifecycle import of as lifecycle_of
 from handoff.machine.polling import POLL_INTERVAL_S, Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import received
 from handoff.policies import expected_outcome, known_defect
 from handoff.responses import evidence, joining, load, recovery, waits
-from handoff.verdict import Verdict, against_known_defect
+from handoff.verdict import Verdict
 
-DRAIN = "graceful_shutdown"
 #: How much faster than its own speeds an engine may run before a request sent within
 #: `outlasting_window` could end inside its drain.
 OUTLAST_MARGIN = 1.5
@@ -107,41 +107,78 @@ class SteadyLoad:
         return {str(i.request.request_id) for i, _ in self.sent if not i.finished}
 
 
-def exercise_rolling(run: waits.CaseRun) -> Verdict:
-    """Start the steady load, roll every worker of the target role (`roll`), stop sending,
-    wait for every response within its bound, and account for every request."""
-    deployment, case, settings, deadline, history = run.parts
-    shapes, _ = load.sized_shapes(deployment, case, run.variant, deadline, history)
-    url, model = deployment.base_url + "/metrics", deployment.model_name
-    before = metrics.FrontendReading.read(url, model)
-    steady = SteadyLoad(
-        deployment, case, len(shapes), shapes[0].max_tokens, run.variant * len(shapes),
-        deadline.remaining() + waits.CLIENT_GRACE_S,
-    )  # fmt: skip
-    # The start of the load, as a load case's `requests_sent` (report.html draws its lanes).
-    history.record(
-        "requests_sent", steady=True, in_flight=len(shapes), max_tokens=shapes[0].max_tokens
-    )
-    with ExitStack() as replacements:
-        steady.start()
-        try:
-            first_drain, unproven, joiners = roll(run, steady, replacements)
-            await_taken(joiners, steady, deadline.within(HOLDER_TIMEOUT_S))
-        finally:
-            steady.stop()
-        await_every_response(steady, settings.graceful_bound_s, deadline, history)
-        every = [inflight for inflight, _ in steady.sent]
+class Rolling:
+    """A steady load while every worker of the target role is rolled (`roll`), then every
+    request accounted for: the exercise's workload (`responses.exercise`)."""
+
+    holder: Worker | None = None
+    faulted: str | None = None
+
+    def __init__(self, run: waits.CaseRun) -> None:
+        deployment, case, _, deadline, history = run.parts
+        self.run, self.defect = run, known_defect(case)
+        self.shapes, _ = load.sized_shapes(deployment, case, run.variant, deadline, history)
+        url = deployment.base_url + "/metrics"
+        self.before = metrics.FrontendReading.read(url, deployment.model_name)
+        self.steady = SteadyLoad(
+            deployment, case, len(self.shapes), self.shapes[0].max_tokens,
+            run.variant * len(self.shapes), deadline.remaining() + waits.CLIENT_GRACE_S,
+        )  # fmt: skip
+        self.replacements = ExitStack()
+
+    def __enter__(self) -> Rolling:
+        self.replacements.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.steady.stop()
+        self.replacements.__exit__(*exc)
+
+    def send(self) -> None:
+        self.steady.start()
+        # The start of the load, as a load case's `requests_sent` (report.html draws its lanes).
+        self.run.history.record(
+            "requests_sent", steady=True, in_flight=len(self.shapes),
+            max_tokens=self.shapes[0].max_tokens,
+        )  # fmt: skip
+
+    def hold(self) -> None:
+        """Nothing yet: each worker is held in its turn of the roll, chosen right before its
+        drain (`holding`), as a replacement's start may take seconds."""
+
+    def inject(self) -> None:
+        """The roll, then the load kept on until every replacement has taken a request."""
+        role = topology(self.run.case.topology).target_role
+        rolled = [w for w in self.run.deployment.workers if w.role == role]
+        self.first_drain, self.unproven, self.joiners = roll(
+            self.run, self.steady, self.replacements
+        )
+        self.holder = rolled[-1]  # the last drained: a defect's witness is read about it
+        await_taken(self.joiners, self.steady, self.run.deadline.within(HOLDER_TIMEOUT_S))
+        self.steady.stop()
+
+    def await_end(self) -> None:
+        _, _, settings, deadline, history = self.run.parts
+        await_every_response(self.steady, settings.graceful_bound_s, deadline, history)
+
+    def check(self) -> Verdict:
+        deployment, case, _, deadline, history = self.run.parts
+        every = [inflight for inflight, _ in self.steady.sent]
         served = received(deployment.serving, {str(i.request.request_id) for i in every})
-        verdict = judge_rolling(deployment, case, steady, served, before.counts, deadline, history)
-        verdict.unproven += unproven
-        for joiner in joiners:  # their probes end before every gauge must read 0
-            problems, late = joiner.problems(every, steady.sent[0][1], served, history)
+        verdict = judge_rolling(
+            deployment, case, self.steady, served, self.before.counts, deadline, history
+        )
+        verdict.unproven += self.unproven
+        for joiner in self.joiners:  # their probes end before every gauge must read 0
+            problems, late = joiner.problems(every, self.steady.sent[0][1], served, history)
             verdict.reasons += problems + joiner.retire()
             verdict.unproven += late
-        verdict.reasons += recovery.idle_problems(deployment, url, deadline, history, first_drain)
-    verdict.passed = not verdict.reasons and not verdict.unproven
-    # No known defect of a roll reads a witness yet: one named here fails plainly without it.
-    return against_known_defect(verdict, known_defect(case))
+        return verdict
+
+    def aftermath(self) -> list[str]:
+        deployment, _, _, deadline, history = self.run.parts
+        url = deployment.base_url + "/metrics"
+        return recovery.idle_problems(deployment, url, deadline, history, self.first_drain)
 
 
 def roll(
@@ -176,11 +213,8 @@ def roll(
         first_drain = first_drain or time.monotonic()
         steady.drained_at[worker.name] = time.monotonic()
         watched = load.VictimWatch([load.Held(n, inflight) for n, inflight in enumerate(held)])
-        fault = recovery.send_fault(
-            DRAIN, worker, watched, settings, deadline, deployment.pool.nats, history,
-            holding=len(held),
-        )  # fmt: skip
-        recovery.record_fault(deployment, worker, fault, history)
+        fault = recovery.send_fault(run, worker, watched, holding=len(held))
+        run.lifecycle.left(run, worker, fault)
         # Until the frontend drops it, a request may be routed to it and moved; past the
         # lease bound of its SIGTERM the case fails.
         steady.unlisted_at[worker.name] = recovery.dropped_at(
@@ -341,7 +375,9 @@ def judged_requests(
     ever away from a drained worker; the problems, what could not be proven, the notes by
     request, the hand-overs."""
     backend = deployment.backend
-    outcome = expected_outcome(topology(case.topology).fault_window, case.policy, DRAIN)
+    outcome = expected_outcome(
+        topology(case.topology).fault_window, case.policy, lifecycle_of(case.fault)
+    )
     problems: list[str] = []
     unproven: list[str] = []
     notes: dict[str, list[int]] = {}

@@ -10,15 +10,16 @@ from dataclasses import dataclass, replace
 
 from handoff import faults, metrics
 from handoff.backend import Backend, Shape, Worker
-from handoff.cases import DISCOVERY, PAST_LEASE, SILENT, STOPS, Case, topology
+from handoff.cases import STOPS, Case, topology
 from handoff.client import DEFAULT_SAMPLING, InFlight, Request, Sampling
 from handoff.deployment import Deployment
-from handoff.errors import MISSED_WINDOW, CaseFailure, MissedAfterFault, MissedWindow
+from handoff.errors import CaseFailure
 from handoff.history import History
+from handoff.lifecycle import of as lifecycle_of
 from handoff.machine import etcd
 from handoff.machine.polling import Deadline, Timeout, poll_until
-from handoff.policies import expected_outcome, known_defect, race_trials
-from handoff.responses import discovery_plane, evidence, recovery, stops, witnesses
+from handoff.policies import expected_outcome, known_defect
+from handoff.responses import evidence, recovery, stops, witnesses
 from handoff.responses.pace import Pace, paced, response_bound_s
 from handoff.responses.transfers import TransferProof
 from handoff.responses.waits import (
@@ -40,7 +41,7 @@ from handoff.responses.waits import (
     undisturbed,
     undisturbed_prompt_tokens,
 )
-from handoff.verdict import Verdict, against_known_defect, judge
+from handoff.verdict import Verdict, judge
 
 #: The choices (`n`) a `choices` case asks for: more than one, which the frontend must not move.
 CHOICES = 2
@@ -81,66 +82,90 @@ class Sent:
 RACE_REST_OVER_WINDOW = 1.5
 
 
-def exercise_one(run: CaseRun) -> Verdict:
-    """Send the request, fault the worker that holds it in its window, and judge the outcome,
-    against the known defect of the case if there is one."""
-    return against_known_defect(judged_once(run), known_defect(run.case))
+class One:
+    """One request of the case's kind as the exercise's workload (`responses.exercise`)."""
+
+    holder: Worker | None = None
+    faulted: str | None = None
+
+    def __init__(self, run: CaseRun) -> None:
+        """plan: the request, sized, and the text it owes; the frontend read before it."""
+        deployment, case, settings, deadline, history = run.parts
+        self.run, self.defect = run, known_defect(case)
+        self.transfer = TransferProof(deployment, case, history, deadline)  # before any request
+        self.planned = plan(
+            deployment, case, deadline, history, run.variant, settings.in_flight_tokens
+        )
+        # Read now, so that only the case's own request counts, not the baseline's: the
+        # frontend counts a prompt over --migration-max-seq-len when the request arrives.
+        url = deployment.base_url + "/metrics"
+        self.before = metrics.FrontendReading.read(url, deployment.model_name)
+        # Chosen before the request is sent: reading every process's connections is slow.
+        self.aimed_at = run.lifecycle.aim(deployment)
+
+    def __enter__(self) -> One:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def send(self) -> None:
+        self.inflight, self.sent_at = send_request(self.run, self.planned, self.transfer)
+
+    def hold(self) -> None:
+        self.sent = prove_held(
+            self.run, self.planned, self.before, self.transfer, self.inflight, self.sent_at
+        )
+        self.holder = self.sent.holder
+
+    def inject(self) -> None:
+        run, sent = self.run, self.sent
+        self.fault = send_with_room(run, self.planned, sent, self.aimed_at)
+        # An engine's death is the fault, not its worker's exit, which the user waited for too.
+        self.faulted_at = self.fault.engine_killed_at or time.monotonic()
+        run.lifecycle.left(run, sent.holder, self.fault)
+        race = witnesses.engine_reading(run.deployment.backend, sent.holder)
+        raced = race if topology(run.case.topology).race else None
+        self.heal = recovery.Heal(sent.holder, self.fault, run.history, run.lifecycle, raced)
+
+    def await_end(self) -> None:
+        await_end(self.run, self.planned, self.sent, self.before, self.heal, self.faulted_at)
+
+    def check(self) -> Verdict:
+        deployment, case, settings, deadline, history = self.run.parts
+        found = judged(
+            deployment, case, self.planned, self.sent, self.before, self.fault, deadline, history
+        )
+        found.unproven += race_premise(case, self.planned, self.sent, settings)
+        return found
+
+    def aftermath(self) -> list[str]:
+        lifecycle, planned = self.run.lifecycle, self.planned
+        struck = recovery.Struck(
+            self.run, self.sent.holder, self.fault, self.heal, planned.request, planned.shape,
+            self.faulted_at, lifecycle.outlives_lease,
+        )  # fmt: skip
+        return lifecycle.aftermath(struck)
 
 
-def exercise_race(run: CaseRun) -> Verdict:
-    """The lifecycle again and again on one deployment, each trial a request of its own prompt,
-    until one fails (the race showed, judged against its known defect) or all of
-    `policies.race_trials` pass (it did not: the strict expectation of the defect fails the case). A
-    trial not proven proves no absence of the race: with no trial failed, the case is then not
-    proven."""
-    unproven: list[str] = []
-    trials = race_trials(run.case)
-    for trial in range(1, trials + 1):
-        run.history.record("trial", number=trial, of=trials)
-        try:
-            verdict = judged_once(replace(run, variant=run.variant + trial - 1))
-        except MissedAfterFault:
-            raise
-        except MissedWindow as missed:  # the fault was never made: the deployment is intact
-            run.history.record("window_missed", reason=str(missed))
-            unproven.append(f"trial {trial}: {MISSED_WINDOW}: {missed}")
-            continue
-        if verdict.reasons:
-            verdict.notes.append(f"trial {trial} of {trials} failed")
-            return against_known_defect(verdict, known_defect(run.case))
-        unproven += [f"trial {trial}: {why}" for why in verdict.unproven]
-    if unproven:
-        return Verdict(False, [], run.history.phase, unproven=unproven)
-    verdict.notes.append(f"{trials} trial(s) passed")
-    return against_known_defect(verdict, known_defect(run.case))
-
-
-def judged_once(run: CaseRun) -> Verdict:
-    """One request, its fault and its verdict."""
+def await_end(
+    run: CaseRun,
+    planned: Planned,
+    sent: Sent,
+    before: metrics.FrontendReading,
+    heal: recovery.Heal,
+    faulted_at: float,
+) -> None:
+    """The response over within its bound (`response_deadline`), and never silent past its
+    silence bound (`silence_after`); a silent fault's holder healed once its move is seen."""
     deployment, case, settings, deadline, history = run.parts
-    transfer = TransferProof(deployment, case, history, deadline)  # before any request
-    planned = plan(deployment, case, deadline, history, run.variant, settings.in_flight_tokens)
-    # Read now, so that only the case's own request counts, not the baseline's: the frontend
-    # counts a prompt over --migration-max-seq-len when the request arrives.
-    before = metrics.FrontendReading.read(deployment.base_url + "/metrics", deployment.model_name)
-    # Chosen before the request is sent: reading every process's connections is slow.
-    aimed_at = discovery_plane.aimed(case.fault, deployment)
-    sent = send_and_prove(deployment, case, planned, before, transfer, settings, deadline, history)
-    fault = send_with_room(run, planned, sent, aimed_at)
-    # An engine's death is the fault, not its worker's exit, which the user waited for too.
-    faulted_at = fault.engine_killed_at or time.monotonic()
-    recovery.record_fault(deployment, sent.holder, fault, history)
-    race = witnesses.engine_reading(deployment.backend, sent.holder)
-    heal = recovery.Heal(
-        sent.holder, fault, history, race if topology(case.topology).race else None
-    )
     bounded, why = response_deadline(
         deployment.backend, case, planned, sent, settings, deadline, history
     )
     try:
         await_response(
             sent.inflight, deployment, before.counts, bounded, history,
-            heal if case.fault in SILENT and case.fault != PAST_LEASE else None,
+            heal if run.lifecycle.heals_on_move else None,
             silence_after(case, sent, settings, faulted_at, history),
         )  # fmt: skip
     except Timeout as exc:
@@ -149,21 +174,6 @@ def judged_once(run: CaseRun) -> Verdict:
         reading = f"{last_token(sent.inflight)}; ({exc})"
         raise CaseFailure(f"hung: the response was still open {why}: {reading}") from None
     record_response(sent.inflight, history)
-    found = judged(deployment, case, planned, sent, before, fault, deadline, history)
-    if case.fault in DISCOVERY:
-        found.reasons += discovery_plane.aftermath(
-            deployment, case, sent.holder, fault, planned.request, planned.shape, faulted_at,
-            deadline, history,
-        )  # fmt: skip
-    else:
-        found.reasons += recovery.aftermath(
-            deployment, case, sent.holder, heal, planned.request, planned.shape,
-            case.fault == PAST_LEASE, faulted_at, deadline, history,
-        )  # fmt: skip
-    found.unproven += race_premise(case, planned, sent, settings)
-    found.passed = not found.reasons and not found.unproven
-    witnesses.witness(found, known_defect(case), deployment, sent.holder, history)
-    return found
 
 
 def send_with_room(
@@ -173,7 +183,7 @@ def send_with_room(
     and told whether the request still had the drain's wait left when its SIGTERM went out
     (`FaultReport.room_proven`): only a drain sent late may end in a missed window."""
     deployment, case, settings, _, history = run.parts
-    if (wait_s := faults.runs_on_for(case.fault, settings.graceful_bound_s)) is None:
+    if (wait_s := run.lifecycle.runs_on(settings)) is None:
         return send_fault(run, sent, aimed_at)
     left_s = time_left(deployment.backend, case, planned, sent)
     history.record("window_room", how=faults.require_room(left_s, wait_s, sent.lag_s, case.fault))
@@ -187,15 +197,8 @@ def send_with_room(
 def send_fault(run: CaseRun, sent: Sent, aimed_at: list[etcd.Member]) -> faults.FaultReport:
     """The case's fault on the holder of its request: a worker's, the broker's, or the
     discovery plane's (`responses.discovery_plane`, on the etcd members `aimed_at`)."""
-    deployment, case, settings, deadline, history = run.parts
     assert sent.watch is not None
-    if case.fault in DISCOVERY:
-        return discovery_plane.send_fault(
-            case.fault, sent.holder, sent.watch, deployment, aimed_at, deadline, history
-        )
-    return recovery.send_fault(
-        case.fault, sent.holder, sent.watch, settings, deadline, deployment.pool.nats, history
-    )
+    return recovery.send_fault(run, sent.holder, sent.watch, aimed_at)
 
 
 def time_left(backend: Backend, case: Case, planned: Planned, sent: Sent) -> float | None:
@@ -231,7 +234,7 @@ def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -
     `RACE_REST_OVER_WINDOW` times at the fastest pace measured (the warm-up's, else the
     response's before the fault), as the cut-off worker decodes it a little faster than a
     worker that streams."""
-    if not (topology(case.topology).race and case.fault == "partition"):
+    if not (topology(case.topology).race and cut_off(case)):
         return []
     rate = planned.pace.fastest if planned.pace else streamed_rate(sent)
     if rate is None:
@@ -330,20 +333,10 @@ def decided(backend: Backend, case: Case, shape: Shape, variant: int) -> Shape:
     return tried
 
 
-def send_and_prove(
-    deployment: Deployment,
-    case: Case,
-    planned: Planned,
-    before: metrics.FrontendReading,
-    transfer: TransferProof,
-    settings: Settings,
-    deadline: Deadline,
-    history: History,
-) -> Sent:
-    """Send the request, find the worker that holds it by its own state, and prove it in its
-    fault window (a stream by its chunks, a unary request by the tokens the frontend has
-    received); a kv_transfer case proves its own transfer before the fault."""
-    backend, where, request = deployment.backend, topology(case.topology), planned.request
+def send_request(run: CaseRun, planned: Planned, transfer: TransferProof) -> tuple[InFlight, float]:
+    """Send the request (a kv_transfer case's transfer settled first); when it went out."""
+    deployment, case, _, deadline, history = run.parts
+    request = planned.request
     transfer.settle()
     inflight = InFlight(
         deployment.base_url, request, read_timeout_s=deadline.remaining() + CLIENT_GRACE_S
@@ -353,6 +346,22 @@ def send_and_prove(
         "request_sent", api=case.api, stream=request.stream,
         prompt_tokens=planned.shape.prompt_tokens, max_tokens=request.max_tokens,
     )  # fmt: skip
+    return inflight, sent_at
+
+
+def prove_held(
+    run: CaseRun,
+    planned: Planned,
+    before: metrics.FrontendReading,
+    transfer: TransferProof,
+    inflight: InFlight,
+    sent_at: float,
+) -> Sent:
+    """Find the worker that holds the request by its own state, and prove it in its fault
+    window (a stream by its chunks, a unary request by the tokens the frontend has received);
+    a kv_transfer case proves its own transfer before the fault."""
+    deployment, case, settings, deadline, history = run.parts
+    backend, where, request = deployment.backend, topology(case.topology), planned.request
     targets = [w for w in deployment.workers if w.role == where.target_role]
     needed = settings.in_flight_tokens
     bounded, bound_s = proof_deadline(backend, case, planned.shape, planned.pace, needed, deadline)
@@ -400,11 +409,18 @@ def cut_late(case: Case, backend: Backend) -> bool:
     where = topology(case.topology)
     return (
         backend.reissue_waits_for_lost_request
-        and case.fault == "partition"
+        and cut_off(case)
         and where.target_role == "decode"
         and not where.race
-        and expected_outcome(where.fault_window, case.policy, case.fault).completes
+        and expected_outcome(where.fault_window, case.policy, lifecycle_of(case.fault)).completes
     )
+
+
+def cut_off(case: Case) -> bool:
+    """Whether the case's fault leaves its holder running but unheard (a silent fault that
+    does not stop it): a decode worker cut off decodes the request it lost to its end."""
+    lifecycle = lifecycle_of(case.fault)
+    return lifecycle.silent and not lifecycle.stops_holder
 
 
 def frontend_counted(request: Request) -> bool:
@@ -441,7 +457,7 @@ def response_deadline(
             f"{bound:.0f} s after it was sent, the bound its {shape.max_tokens} tokens at the "
             f"slowest measured {pace.slowest:.0f} tokens/s allow"
         )
-    wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
+    wait_s, waits_for = fault_wait(case, settings)
     rest = rest_of_response(case, planned, sent, backend)
     if rest is None:
         return bounded, why
@@ -506,7 +522,9 @@ def judged(
     # Read now, before anything else reaches the frontend: the count rose when the request
     # arrived, by the prompt as the frontend tokenized it.
     prompt = metrics.FrontendReading.read(metrics_url, model).prompt_tokens - before.prompt_tokens
-    expected = expected_outcome(where.fault_window, case.policy, case.fault, where.request)
+    expected = expected_outcome(
+        where.fault_window, case.policy, lifecycle_of(case.fault), where.request
+    )
     mode = backend.migration_counts
     counts = settled_counts(metrics_url, model, before.counts, expected, mode, deadline)
     history.record("metrics_read", counts=counts.as_dict())

@@ -9,13 +9,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from handoff import client, faults, metrics
+from handoff import client, metrics
 from handoff.backend import Backend, Shape
-from handoff.cases import ABANDONS, BROKER, ENGINE, SILENT, Case, topology
+from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
 from handoff.errors import CaseFailure, HandoffError
 from handoff.history import History
+from handoff.lifecycle import Lifecycle
+from handoff.lifecycle import of as lifecycle_of
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import Outcome
 from handoff.responses.pace import Pace, response_bound_s
@@ -82,42 +84,29 @@ class CaseRun:
     variant: int = 0
 
     @property
+    def lifecycle(self) -> Lifecycle:
+        return lifecycle_of(self.case.fault)
+
+    @property
     def parts(self) -> tuple[Deployment, Case, Settings, Deadline, History]:
         return self.deployment, self.case, self.settings, self.deadline, self.history
 
 
-def fault_wait(fault: str, plane: str, settings: Settings) -> tuple[float, str]:
+def fault_wait(case: Case, settings: Settings) -> tuple[float, str]:
     """How long the frontend may rightly wait after the fault before the request has moved,
-    and what for: the fault's own wait (the graceful bound of a drain; twice the stream timeout
-    of a stall or a partition, the HTTP layer's, as the router gives up at once; the worker's
-    drain timeout of an expired drain; the engine monitor's notice of an engine core's death;
-    nothing for a kill), then, but for a silent fault, one
+    and what for: the fault's own wait (`Lifecycle.wait`: the graceful bound of a drain;
+    twice the stream timeout of a stall or a partition, the HTTP layer's, as the router gives
+    up at once; the worker's drain timeout of an expired drain; the engine monitor's notice of
+    an engine core's death; nothing for a kill), then, but for a silent fault, one
     request-plane timeout: the re-issued request may first reach a worker that is gone but
     still listed. A silent fault leaves none: its worker, the only one faulted, is quarantined
     by the timeout that moves the request (docs/known-issues.md)."""
-    plane_s = REQUEST_PLANE_TIMEOUT_S[plane]
-    plane_why = f"a {plane_s:g} s {plane} request timeout and "
-    if fault == "graceful_shutdown":
-        wait, why = (
-            settings.graceful_bound_s,
-            f"its {settings.graceful_bound_s:g} s graceful bound, ",
-        )
-    elif fault == "drain_expired":
-        wait, why = (
-            faults.DRAIN_TIMEOUT_S,
-            f"its worker's {faults.DRAIN_TIMEOUT_S} s drain timeout, ",
-        )
-    elif fault in ENGINE:
-        wait, why = (
-            faults.ENGINE_NOTICE_S,
-            f"its worker's engine monitor ({faults.ENGINE_NOTICE_S:g} s), ",
-        )
-    elif fault in SILENT:
-        wait = 2 * settings.stream_timeout_s
-        return wait, f"twice its {settings.stream_timeout_s} s stream timeout and "
-    else:
-        wait, why = 0.0, ""
-    return wait + plane_s, why + plane_why
+    lifecycle = lifecycle_of(case.fault)
+    wait_s, why = lifecycle.wait(settings)
+    if lifecycle.silent:
+        return wait_s, why
+    plane_s = REQUEST_PLANE_TIMEOUT_S[case.plane]
+    return wait_s + plane_s, f"{why}a {plane_s:g} s {case.plane} request timeout and "
 
 
 @dataclass(frozen=True)
@@ -134,7 +123,7 @@ class Silence:
 
     @classmethod
     def after(cls, case: Case, settings: Settings, first_token_s: float, fault_at: float):
-        wait_s, waits_for = fault_wait(case.fault, case.plane, settings)
+        wait_s, waits_for = fault_wait(case, settings)
         seconds = round(wait_s + RESPONSE_SLOWER_BY * first_token_s + RESPONSE_FIXED_S, 1)
         why = (
             f"{waits_for}its first token's {first_token_s:.2f} s {RESPONSE_SLOWER_BY:g} times "
@@ -163,7 +152,7 @@ def sized_for_queues(case: Case, settings: Settings, backend: Backend) -> Settin
     slots need, less one, of whole responses at the backend's own speed, QUEUE_WAIT_SLOWER_BY
     times slower."""
     where = topology(case.topology)
-    if not where.load or case.fault not in SILENT:
+    if not where.load or not lifecycle_of(case.fault).silent:
         return settings
     whole_s = backend.nominal_response_s(case, backend.shape(case, 0))
     if whole_s is None:
@@ -187,16 +176,8 @@ def rounds(requests: int, survivors: int, decoding_at_once: int | None) -> int:
 
 
 def fault_env(case: Case, settings: Settings) -> dict[str, str]:
-    """What bounds the fault's wait at the frontend. A stall or a partition is silence on the
-    worker's response stream: the frontend's inactivity timeout ends it. A client that leaves a
-    stalled worker (`close_in_stall`) gets the same timeout, so that the move the frontend must
-    not make is one it would make had the client stayed. A lost broker leaves a new request
-    waiting on NATS: the NATS request timeout ends it."""
-    if case.fault in SILENT or ABANDONS.get(case.fault) in SILENT:
-        return {STREAM_TIMEOUT_ENV: str(settings.stream_timeout_s)}
-    if case.fault in BROKER:
-        return {NATS_TIMEOUT_ENV: str(BROKER_REQUEST_TIMEOUT_S)}
-    return {}
+    """What bounds the fault's wait at the frontend (`Lifecycle.frontend_env`)."""
+    return lifecycle_of(case.fault).frontend_env(settings)
 
 
 #: What `reference_text` calls the text it gives.
