@@ -69,7 +69,7 @@ def stand_in(tmp_path):
 def test_only_the_engine_core_is_killed_and_the_worker_must_follow(stand_in):
     held = stand_in("follows")
     engine = faults.engine_core(held)
-    report = faults.kill_engine(held, IN_WINDOW, Deadline(30))
+    report = faults.kill_engine("engine_failure", held, IN_WINDOW, Deadline(30))
     assert (report.fault, report.pid, report.signals) == (
         "engine_failure",
         engine.pid,
@@ -82,14 +82,14 @@ def test_only_the_engine_core_is_killed_and_the_worker_must_follow(stand_in):
 def test_a_worker_that_crashes_after_its_engine_fails_the_case(stand_in):
     held = stand_in("crashes")
     with pytest.raises(CaseFailure, match="ended by signal 6 after its engine core was killed"):
-        faults.kill_engine(held, IN_WINDOW, Deadline(30))
+        faults.kill_engine("engine_failure", held, IN_WINDOW, Deadline(30))
 
 
 def test_a_worker_that_outlives_its_engine_fails_the_case(stand_in, monkeypatch):
     monkeypatch.setattr(faults, "ENGINE_EXIT_S", 1.0)
     held = stand_in("stays")
     with pytest.raises(CaseFailure, match="still running 1 s after its engine core"):
-        faults.kill_engine(held, IN_WINDOW, Deadline(30))
+        faults.kill_engine("engine_failure", held, IN_WINDOW, Deadline(30))
     assert held.process.exit_code() is None  # alive, and never signalled
 
 

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import handoff
+from handoff.cases import FAULTS
 
 CORE = Path(handoff.__file__).parent
 #: The case's three parts (cases, lifecycle, verdict), the plugin API and the flow's modules.
@@ -82,3 +83,46 @@ def test_no_room_imports_one_that_imports_it_back():
     for target in {t for ts in graph.values() for t in ts}:
         graph.setdefault(target, set())
     assert circles(graph) == []
+
+
+#: Where a fault's name may decide what is done: the case model and its policies, and the
+#: lifecycle definitions (`responses.lifecycles`); a backend's restrictions are case model too.
+FAULT_NAMES_LIVE_IN = {
+    "handoff.cases",
+    "handoff.policies",
+    "handoff.responses.lifecycles",
+    "handoff.gpu_backend",
+}
+#: The case model's names for sets of faults.
+FAULT_FAMILIES = {
+    "DISCOVERY", "KILLS", "ABANDONS", "WORKER_FAULTS", "ENGINE", "PAST_LEASE", "STALLS",
+    "SILENT", "DRAINS", "BROKER",
+}  # fmt: skip
+
+
+def fault_name_uses(path: Path) -> list[str]:
+    """Where `path` names a fault, a family of faults, or compares a `.fault`: line and what."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and node.value in FAULTS:
+            found.append(f"{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Name) and node.id in FAULT_FAMILIES:
+            found.append(f"{node.lineno}: {node.id}")
+        elif isinstance(node, ast.alias) and node.name in FAULT_FAMILIES:
+            found.append(f"import {node.name}")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "fault" for s in sides):
+                found.append(f"{node.lineno}: a comparison of .fault")
+    return found
+
+
+def test_no_fault_name_decides_anything_outside_the_lifecycles_and_the_case_model():
+    """A fault is a value (`handoff.lifecycle.Lifecycle`): the exercise asks it what to do,
+    never its name."""
+    found = {
+        module_name(path): uses
+        for path in CORE.rglob("*.py")
+        if module_name(path) not in FAULT_NAMES_LIVE_IN and (uses := fault_name_uses(path))
+    }
+    assert found == {}

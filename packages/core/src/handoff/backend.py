@@ -141,6 +141,10 @@ class Backend(ABC):
     #: (`engine_running`): the engine's own word that it stopped a request whose client left,
     #: where the handler's in-flight gauge speaks only for Dynamo's side. None: it has none.
     engine_running_gauge: ClassVar[str | None] = None
+    #: Fault lifecycles of the backend's own (registered by a plugin through the
+    #: `handoff.lifecycles` entry point), by name: its cases add them wherever a worker may be
+    #: killed (`cases.allowed`), and run them through the same exercise.
+    lifecycles: ClassVar[tuple[str, ...]] = ()
     #: The process title of the engine's core where it runs as a child process of the worker
     #: (vLLM's `VLLM::EngineCore`): the engine_core cases kill it alone. None: no such process.
     engine_core: ClassVar[str | None] = None

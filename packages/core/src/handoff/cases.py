@@ -22,6 +22,7 @@ from handoff.covering.verify import (
     shortfall,
 )
 from handoff.errors import HandoffError
+from handoff.lifecycle import registered as registered_lifecycles
 
 POLICIES = (
     "migration_enabled",
@@ -772,11 +773,11 @@ class Case:
             if f.name == "topology":
                 continue
             value = getattr(self, f.name)
-            if value not in AXES[f.name]:
+            if value not in AXES[f.name] and not (f.name == "fault" and plugin_fault(value)):
                 raise HandoffError(
                     f"unknown {f.name} {value!r}: use one of {', '.join(AXES[f.name])}"
                 )
-            if rule := where.restriction_on(f.name, value):
+            if rule := where.restriction_on(f.name, standing_for(f.name, value)):
                 raise HandoffError(
                     f"{self.topology} cases allow {f.name} {', '.join(rule.allowed)} only, "
                     f"not {value!r}: {rule.why}"
@@ -812,14 +813,31 @@ class Case:
         return {axis: getattr(self, axis) for axis in AXES}
 
 
+#: Where a plugin's own lifecycle may run: wherever a worker may be killed (it strikes a worker).
+PLUGIN_FAULTS_RUN_AS = "worker_failure"
+
+
+def plugin_fault(name: str) -> bool:
+    """Whether `name` is a fault lifecycle a plugin registered (`handoff.lifecycle`), beyond
+    handoff's own (`FAULTS`)."""
+    return name not in FAULTS and name in registered_lifecycles()
+
+
+def standing_for(axis: str, value: str) -> str:
+    """The value a topology's restrictions judge: a plugin's fault as the kill it runs as."""
+    return PLUGIN_FAULTS_RUN_AS if axis == "fault" and value not in FAULTS else value
+
+
 class Runner(Protocol):
     """What a selection needs to know of a backend (handoff.backend.Backend is one): its
-    name, the topologies and values it runs, and its roles. A protocol, so that the case model
-    imports nothing of the backends that use it."""
+    name, the topologies and values it runs, the fault lifecycles of its own it adds (each
+    registered by a plugin), and its roles. A protocol, so that the case model imports nothing
+    of the backends that use it."""
 
     name: str
     topologies: Collection[str]
     restrictions: Sequence[Restriction]
+    lifecycles: Collection[str]
 
     def roles(self, topology_name: str) -> tuple[str, ...]: ...
 
@@ -827,6 +845,8 @@ class Runner(Protocol):
 def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tuple[str, ...]]:
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
+    if backend is not None and PLUGIN_FAULTS_RUN_AS in values["fault"]:
+        values["fault"] += tuple(backend.lifecycles)
     for r in backend_restrictions(backend, topology_name) if backend else ():
         values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
     return values
@@ -888,7 +908,7 @@ def selection(topology_name: str, name: str, backend: Runner | None = None) -> t
         seeds = tuple(tuple(c.row().items()) for c in kept)
         rows = _nightly_rows(tuple((a, tuple(v)) for a, v in values.items()), seeds)
         return tuple(Case(**dict(row), topology=topology_name) for row in rows)
-    if len(kept) == len(published):
+    if len(kept) == len(published) and not any(map(plugin_fault, values["fault"])):
         return tuple(published)
     rows = complete(
         [c.row() for c in kept],

@@ -439,7 +439,7 @@ def drain(
     return replace(drained, signals=signals, response_done_at_kill=done_before)
 
 
-def kill_engine(holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
+def kill_engine(fault: str, holder: Worker, watched: Watched, deadline: Deadline) -> FaultReport:
     """SIGKILL the engine core of `holder` alone, stopped first and its request proven in its
     window: the worker process that registered with the frontend is left running. Dynamo
     1.6.1's worker then ends itself once it sees its engine dead (its engine monitor, or the
@@ -474,9 +474,8 @@ def kill_engine(holder: Worker, watched: Watched, deadline: Deadline) -> FaultRe
             f"itself: a crash, not the worker's own shutdown"
         )
     return FaultReport(
-        "engine_failure", holder.name, engine.pid, ("SIGKILL",), False,
-        engine_killed_at=killed_at,
-    )  # fmt: skip
+        fault, holder.name, engine.pid, ("SIGKILL",), False, engine_killed_at=killed_at
+    )
 
 
 def engine_core(holder: Worker) -> psutil.Process:

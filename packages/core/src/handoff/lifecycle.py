@@ -27,10 +27,10 @@ hookimpl = pluggy.HookimplMarker("handoff")
 
 #: How a fault meets the response in flight (`policies.expected_outcome`): its holder ends or
 #: drains, and the policy decides (MOVES); its holder goes silent, and only the frontend's
-#: stream timeout notices (SILENT); the fault is off the response's path (the broker, etcd, a
+#: stream timeout notices (UNHEARD); the fault is off the response's path (the broker, etcd, a
 #: lease), which completes where it is and is never moved (OFF_PATH); or the client leaves, and
 #: the lifecycle's own `outcome` holds (LEAVES).
-MOVES, SILENT, OFF_PATH, LEAVES = "moves", "silent", "off_path", "leaves"
+MOVES, UNHEARD, OFF_PATH, LEAVES = "moves", "unheard", "off_path", "leaves"
 
 
 def _nothing(*_: object) -> None:
@@ -67,7 +67,7 @@ class Lifecycle:
     #: (struck: responses.waits.Struck) -> problems: what it must leave once every response
     #: has ended: a healed worker serving again, the broker's recovery, every gauge at 0.
     aftermath: Callable[..., list[str]] = _nothing
-    #: How it meets the response (MOVES, SILENT, OFF_PATH, LEAVES).
+    #: How it meets the response (MOVES, UNHEARD, OFF_PATH, LEAVES).
     meets: str = MOVES
     #: (settings) -> (seconds, why): how long the frontend may rightly wait after it before
     #: the request has moved, the request plane's timeout aside.
@@ -104,7 +104,7 @@ class Lifecycle:
 
     @property
     def silent(self) -> bool:
-        return self.meets == SILENT
+        return self.meets == UNHEARD
 
 
 @hookspec

@@ -156,10 +156,6 @@ TIMINGS = {
 }
 
 
-def timing_of(case: Case) -> Timing:
-    return TIMINGS[(case.topology, case.fault)]
-
-
 #: The `nice` increment of every mocker worker: twelve cases at once on two cores, the clients
 #: reading the streams (and the frontends) go first, so a client keeps up with its tokens and
 #: a move's pause in its reading is the move's (`continuity.boundary`), not a backlog.
@@ -258,8 +254,12 @@ class MockerBackend(Backend):
         write_model(folder)
         return Model(MODEL_NAME, folder)
 
+    def timing(self, case: Case) -> Timing:
+        """The request and speeds that make `case` outlast its fault (`TIMINGS`)."""
+        return TIMINGS[(case.topology, case.fault)]
+
     def shape(self, case: Case, variant: int = 0) -> Shape:
-        timing = timing_of(case)
+        timing = self.timing(case)
         configured = self.setting("max_tokens") or {}
         output = configured.get(case.topology, timing.output)
         annotations = Annotations((origins.ANNOTATION,), output) if self.replays(case) else None
@@ -276,7 +276,7 @@ class MockerBackend(Backend):
     def worker_variant(self, case: Case) -> tuple:
         """The speed of the mocker's decode and transfer, set per fault by its timing, and the
         requests it decodes at once where that is limited."""
-        timing = timing_of(case)
+        timing = self.timing(case)
         speeds = (timing.decode_speedup, timing.transfer_gbps, timing.prefill_ratio)
         decoding = self.decoding_at_once(case)
         speeds = speeds if decoding is None else (*speeds, f"seqs{decoding}")
@@ -295,7 +295,7 @@ class MockerBackend(Backend):
         file holds them (`--extra-engine-args`: the mocker then reads its engine's settings
         from the file alone). Each KV block it stores carries its token ids, which only the
         engine's own KV events can (`emit_kv_token_ids` needs `emit_kv_events`)."""
-        timing = timing_of(case)
+        timing = self.timing(case)
         engine: dict[str, object] = {
             "speedup_ratio": self.prefill_ratio(timing),
             "decode_speedup_ratio": self.decode_ratio(timing) / self.prefill_ratio(timing),
@@ -370,7 +370,7 @@ class MockerBackend(Backend):
 
     def nominal_response_s(self, case: Case, shape: Shape) -> float | None:
         """The simulated transfer, the prefill, then one step a token at the case's speeds."""
-        timing = timing_of(case)
+        timing = self.timing(case)
         prefill_s = PREFILL_S / self.prefill_ratio(timing)
         steps_s = shape.max_tokens * STEP_S / self.decode_ratio(timing)
         return (self.kv_transfer_floor_s(case) or 0.0) + prefill_s + steps_s
@@ -385,7 +385,7 @@ class MockerBackend(Backend):
         return LOAD_DECODING if topology(case.topology).load else None
 
     def kv_transfer_floor_s(self, case: Case) -> float | None:
-        timing = timing_of(case)
+        timing = self.timing(case)
         if not timing.transfer_gbps:
             return None
         return timing.prompt_tokens * KV_BYTES_PER_TOKEN / (timing.transfer_gbps * GB)

@@ -1,12 +1,14 @@
 """A third-party backend as small as one can be: its own name, version and facts, launching
-the mocker underneath. It runs aggregate cases only, the two faults that end a worker only,
-and counts migrations as a lower bound."""
+the mocker underneath. It runs aggregate cases only, the two faults that end a worker and a
+lifecycle of its own (`lifecycle.py`) only, and counts migrations as a lower bound."""
 
 from importlib.metadata import version
 
 from handoff.cases import KILLS, Restriction
 from handoff.plugins import hookimpl
-from handoff_mocker import MockerBackend
+from handoff_mocker import TIMINGS, MockerBackend
+
+from handoff_example.lifecycle import NAME
 
 ONLY_AGGREGATE = "the example engine has no disaggregated mode"
 
@@ -16,10 +18,20 @@ class ExampleBackend(MockerBackend):
     version = version("handoff-example")
     topologies = {"aggregate": ("aggregate", "aggregate")}
     unsupported = {t: ONLY_AGGREGATE for t in ("decode", "kv_transfer", "prefill")}
+    lifecycles = (NAME,)
     restrictions = (
-        Restriction("fault", KILLS, "the example engine has not qualified its hangs yet"),
+        Restriction(
+            "fault",
+            (*KILLS, NAME),
+            "the example engine has qualified its kills and its own lifecycle only",
+        ),
     )
     migration_counts = "lower_bound"
+
+    def timing(self, case):
+        """Its own lifecycle is made on a held holder, as a kill: timed as one."""
+        fault = "worker_failure" if case.fault == NAME else case.fault
+        return TIMINGS[(case.topology, fault)]
 
 
 @hookimpl

@@ -7,7 +7,7 @@ fault's name decides what is done."""
 from __future__ import annotations
 
 from handoff import faults
-from handoff.lifecycle import LEAVES, OFF_PATH, SILENT, Lifecycle, hookimpl
+from handoff.lifecycle import LEAVES, OFF_PATH, UNHEARD, Lifecycle, hookimpl
 from handoff.machine import firewall
 from handoff.machine.discovery import Layout
 from handoff.policies import ABANDONED
@@ -111,7 +111,7 @@ WORKER_STALL = Lifecycle(
     past_lease="stall_past_lease",
     left=recovery.stopped,
     aftermath=recovery.healed_after,
-    meets=SILENT,
+    meets=UNHEARD,
     wait=silence_wait,
     stops_holder=True,
     heals_on_move=True,
@@ -149,7 +149,7 @@ LIFECYCLES = (
         on_holder(faults.partition, "partition"),
         left=recovery.cut_off,
         aftermath=recovery.healed_after,
-        meets=SILENT,
+        meets=UNHEARD,
         wait=silence_wait,
         heals_on_move=True,
         frontend_env=stream_timeout_env,
@@ -182,7 +182,7 @@ LIFECYCLES = (
         on_holder(faults.stall, "stall_past_lease"),
         left=recovery.stopped,
         aftermath=recovery.healed_after,
-        meets=SILENT,
+        meets=UNHEARD,
         wait=silence_wait,
         stops_holder=True,
         outlives_lease=True,
@@ -194,7 +194,7 @@ LIFECYCLES = (
         # engine's death is told apart within faults.ENGINE_EXIT_S rather than 92 s.
         "engine_failure",
         "SIGKILL",
-        lambda run, holder, watched, _aimed: faults.kill_engine(holder, watched, run.deadline),
+        on_holder(faults.kill_engine, "engine_failure"),
         left=recovery.engine_gone,
         aftermath=recovery.idle_after,
         wait=engine_wait,
