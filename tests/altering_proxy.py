@@ -38,8 +38,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from injections import wrap_injections
 
-from handoff import client, faults
+from handoff import client
 from handoff.client import REQUEST_ID_HEADER, Chunk
 from handoff.machine.polling import poll_until
 from handoff.responses import single
@@ -316,13 +317,16 @@ def through_proxy(patch: pytest.MonkeyPatch, mode: str | None) -> list[AlteringP
     frame there was and the frontend has sent none for `STILL_S`. The proxies started, for the
     caller to close."""
     proxies: list[AlteringProxy] = []
-    inject = faults.inject
 
     def sent_through(base_url, request, read_timeout_s):
         proxies.append(AlteringProxy(base_url, mode))
         return client.InFlight(proxies[-1].url, request, read_timeout_s)
 
-    def from_a_still_stream(fault, holder, watched, graceful_bound_s, deadline, broker=None):
+    def from_a_still_stream(inject):
+        return lambda run, holder, watched, aimed: still_then(inject, run, holder, watched, aimed)
+
+    def still_then(inject, run, holder, watched, aimed):
+        deadline = run.deadline
         proxy = proxies[-1]
         proxy.alter()
         holder.process.freeze(deadline)
@@ -336,10 +340,10 @@ def through_proxy(patch: pytest.MonkeyPatch, mode: str | None) -> list[AlteringP
 
         poll_until(still, deadline, "the stopped holder's stream to be still")
         proxy.migrating()
-        return inject(fault, holder, watched, graceful_bound_s, deadline, broker)
+        return inject(run, holder, watched, aimed)
 
     patch.setattr(single, "InFlight", sent_through)
-    patch.setattr(faults, "inject", from_a_still_stream)
+    wrap_injections(patch, from_a_still_stream)
     return proxies
 
 

@@ -6,6 +6,8 @@ import signal
 import threading
 from typing import ClassVar
 
+from injections import replace_lifecycle, wrap_injections
+
 from handoff import client, faults, runner
 from handoff.cases import Case
 from handoff.machine import worker_logs
@@ -49,12 +51,15 @@ def test_a_stream_the_client_drops_is_one_request_lost_and_named(tmp_path, monke
     """Once the fault has landed, the client stops reading one stream and closes it, as a
     user's connection drops: the frontend still serves the other requests, and the case fails
     for the one that never completed, by its number alone."""
-    inject, landed = faults.inject, threading.Event()
+    landed = threading.Event()
 
-    def injected(*args, **kwargs):
-        report = inject(*args, **kwargs)
-        landed.set()
-        return report
+    def injected(inject):
+        def landing(*args):
+            report = inject(*args)
+            landed.set()
+            return report
+
+        return landing
 
     read_stream, readers, lock = client._read_stream, [], threading.Lock()
 
@@ -74,7 +79,7 @@ def test_a_stream_the_client_drops_is_one_request_lost_and_named(tmp_path, monke
             if after == 3:
                 return
 
-    monkeypatch.setattr(faults, "inject", injected)
+    wrap_injections(monkeypatch, injected)
     monkeypatch.setattr(client, "_read_stream", drop_one)
     result = runner.run_case(ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
     assert landed.is_set() and not result.verdict.passed
@@ -90,11 +95,12 @@ def test_a_worker_that_freezes_instead_of_dying_leaves_its_requests_hung_each_na
     timeout (a kill's case sets none): its requests never end, and the case fails as hung once
     its bound has passed, well before the case deadline, naming each of them."""
 
-    def freeze(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
-        holder.process.freeze(deadline)
-        return faults.FaultReport(fault, holder.name, holder.process.pid, ("SIGSTOP",), False)
+    def freeze(run, holder, watched, aimed):
+        holder.process.freeze(run.deadline)
+        pid = holder.process.pid
+        return faults.FaultReport(run.case.fault, holder.name, pid, ("SIGSTOP",), False)
 
-    monkeypatch.setattr(faults, "inject", freeze)
+    replace_lifecycle(monkeypatch, "worker_failure", inject=freeze)
     case = Case.from_id("migration_disabled-worker_failure-completion-tcp", "load")
     result = runner.run_case(ShortLoad(), case, tmp_path, SETTINGS, TIMEOUT_S)
     assert not result.verdict.passed
@@ -113,14 +119,16 @@ def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migrati
     """Once a cut request has moved, the worker it moved to is SIGKILLed too: that request
     migrates a second time, with the other's, and the exact counters fail the case."""
     seen: dict[str, object] = {}
-    busiest, inject = load.busiest, faults.inject
+    busiest = load.busiest
 
     def noted(held, workers):
         seen.update(held=held, workers=workers)
         return busiest(held, workers)
 
-    def and_again(fault, holder, *args, **kwargs):
-        report = inject(fault, holder, *args, **kwargs)
+    def and_again(inject):
+        return lambda run, holder, *rest: again(inject(run, holder, *rest))
+
+    def again(report):
         ids = {h.request.request_id for h in seen["held"]}
 
         def moved_to():
@@ -134,7 +142,7 @@ def test_a_second_fault_on_the_worker_a_request_moved_to_is_a_duplicated_migrati
         return report
 
     monkeypatch.setattr(load, "busiest", noted)
-    monkeypatch.setattr(faults, "inject", and_again)
+    wrap_injections(monkeypatch, and_again)
     result = runner.run_case(ShortLoad(), LOAD, tmp_path, SETTINGS, TIMEOUT_S)
     assert not result.verdict.passed and "second" in seen
     counted = re.search(

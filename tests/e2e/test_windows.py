@@ -6,8 +6,9 @@ import os
 import signal
 
 import pytest
+from injections import replace_lifecycle
 
-from handoff import faults, runner
+from handoff import faults, lifecycle, runner
 from handoff.cases import Case
 from handoff.machine.polling import Deadline, poll_until
 from handoff.responses import recovery
@@ -36,13 +37,13 @@ def test_a_fault_held_back_until_its_request_ended_is_a_missed_window(
     drain of a prefill worker and a cut under load, says so, with its timeline."""
     send = recovery.send_fault
 
-    def held_back(fault, holder, watched, *args, **kwargs):
+    def held_back(run, holder, watched, *args, **kwargs):
         poll_until(
             lambda: (True if watched.finished else None, "open"),
             Deadline(60),
             "the request to end before its fault",
         )
-        return send(fault, holder, watched, *args, **kwargs)
+        return send(run, holder, watched, *args, **kwargs)
 
     monkeypatch.setattr(recovery, "send_fault", held_back)
     case = Case.from_id(case_id, topology)
@@ -102,9 +103,9 @@ def test_a_worker_that_serves_on_past_its_drain_fails_not_missed(tmp_path, monke
     the request it holds, complete, with no move counted. The drain was sent with its room (the
     request had more left than the drain's wait), so that is the system's failure, named so,
     never a missed window."""
-    tag, env = faults.WORKER_ENV["drain_expired"]
+    tag, env = lifecycle.of("drain_expired").worker_env
     long_drain = {**env, "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "30"}
-    monkeypatch.setitem(faults.WORKER_ENV, "drain_expired", (f"{tag}-long", long_drain))
+    replace_lifecycle(monkeypatch, "drain_expired", worker_env=(f"{tag}-long", long_drain))
     case = Case.from_id("migration_enabled-drain_expired-chat-stream-nats", "aggregate")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, TIMEOUT_S)
     verdict = result.verdict

@@ -6,9 +6,8 @@ from importlib.metadata import version
 
 from handoff.cases import KILLS, Restriction
 from handoff.plugins import hookimpl
-from handoff_mocker import TIMINGS, MockerBackend
-
 from handoff_example.lifecycle import NAME
+from handoff_mocker import TIMINGS, MockerBackend
 
 ONLY_AGGREGATE = "the example engine has no disaggregated mode"
 
