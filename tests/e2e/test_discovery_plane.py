@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from without_binary import not_run, run_without
 
-from handoff import faults, runner
+from handoff import runner
 from handoff.cases import Case
 from handoff.machine import etcd, ownership
 from handoff.pool import Pool
 from handoff.responses import discovery_plane
+from handoff.responses.lifecycles import LOSS_LEASE_S
 from handoff.runner import Settings
 from handoff.verdict import FAILED
 from handoff_mocker import MockerBackend
@@ -87,12 +88,10 @@ def test_a_cut_that_cannot_be_proven_is_no_known_defect(tmp_path, records):
 
 @NEEDS_ETCD
 def test_workers_that_outlive_a_lost_etcd_fail_the_case(tmp_path, records):
-    """Workers given a 60 s lease outlive the case's: its own lease (`faults.LOSS_LEASE_S`) and
-    their shutdown."""
+    """Workers given a 60 s lease outlive the case's: its own lease
+    (`responses.lifecycles.LOSS_LEASE_S`) and their shutdown."""
     reasons = failed(LONG_LEASE, "etcd_loss-completion-stream-tcp", tmp_path, records)
-    assert f"still ran {faults.LOSS_LEASE_S + discovery_plane.EXIT_S:g} s after etcd was lost" in (
-        reasons
-    )
+    assert f"still ran {LOSS_LEASE_S + discovery_plane.EXIT_S:g} s after etcd was lost" in (reasons)
 
 
 class OneMember(MockerBackend):

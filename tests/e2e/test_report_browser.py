@@ -114,5 +114,5 @@ def test_chromium_draws_a_timeline_for_each_case_of_a_real_run(tmp_path):
     many = [key for key in CASES if TOPOLOGIES[key.split("/")[0]].load]
     assert sorted(drawn.lanes) == sorted(many)
     for key in many:
-        rolling = TOPOLOGIES[key.split("/")[0]].rolling
+        rolling = TOPOLOGIES[key.split("/")[0]].workload == "rolling"
         assert drawn.lanes[key] > batch if rolling else drawn.lanes[key] == batch, drawn.lanes

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import psutil
 import pytest
+from injections import replace_lifecycle
 from misbehaving import WrongHolder
 
 from handoff import faults, runner
@@ -511,13 +512,12 @@ def test_a_hang_before_the_first_token_fails_as_hung_within_its_bound(tmp_path, 
     speed; the case fails as hung once it has passed, long before the case deadline."""
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-nats", "prefill")
 
-    def stop_instead(fault, holder, inflight, graceful_bound_s, deadline, broker=None):
-        holder.process.freeze(deadline)
-        return faults.FaultReport(
-            fault, holder.name, holder.process.pid, ("SIGSTOP",), inflight.finished
-        )
+    def stop_instead(run, holder, watched, _aimed):
+        holder.process.freeze(run.deadline)
+        pid = holder.process.pid
+        return faults.FaultReport(run.case.fault, holder.name, pid, ("SIGSTOP",), watched.finished)
 
-    monkeypatch.setattr(faults, "inject", stop_instead)
+    replace_lifecycle(monkeypatch, "worker_failure", inject=stop_instead)
     backend = MockerBackend()
     result = run_case(backend, case, tmp_path, SETTINGS, timeout_s=90)
     assert not result.verdict.passed

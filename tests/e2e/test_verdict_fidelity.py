@@ -23,7 +23,7 @@ from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.ports import bindable
 from handoff.metrics import MigrationCounts, scrape
 from handoff.policies import ENABLED_LIMIT, POLICIES, Policy
-from handoff.responses import single
+from handoff.responses import recovery, single
 from handoff.runner import Settings
 from handoff.verdict import NOT_PROVEN
 from handoff_mocker import MockerBackend
@@ -178,26 +178,26 @@ def test_a_graceful_bound_longer_than_the_response_is_a_missed_window(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("step", "sig", "said"),
+    ("module", "step", "sig", "said"),
     [
-        ("prove_in_flight", signal.SIGKILL, "its process exited with code -9"),
-        ("inject", signal.SIGSTOP, "its process is stopped, using 0% of a core"),
+        (faults, "prove_in_flight", signal.SIGKILL, "its process exited with code -9"),
+        (recovery, "send_fault", signal.SIGSTOP, "its process is stopped, using 0% of a core"),
     ],
     ids=["killed-once-the-request-is-in-flight", "stopped-right-after-the-fault"],
 )
 def test_a_frontend_that_dies_or_stops_mid_case_is_named(
-    tmp_path, monkeypatch, started, step, sig, said
+    tmp_path, monkeypatch, started, module, step, sig, said
 ):
     """The frontend is signalled right after a step of the case (by the pid handoff recorded):
     the case ends within its budget, names the frontend, its state and its log."""
-    real = getattr(faults, step)
+    real = getattr(module, step)
 
     def then_signal_the_frontend(*args, **kwargs):
         done = real(*args, **kwargs)
         os.kill(started[-1].frontend.pid, sig)
         return done
 
-    monkeypatch.setattr(faults, step, then_signal_the_frontend)
+    monkeypatch.setattr(module, step, then_signal_the_frontend)
     case = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, 30)
     assert not result.verdict.passed

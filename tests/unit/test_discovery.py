@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from handoff import faults, lifecycle
-from handoff.cases import Case
+from handoff.cases import Case, topology
 from handoff.machine import etcd, ownership, registrations
 from handoff.machine.discovery import FILE, EtcdDiscovery, Layout
 from handoff.machine.polling import Deadline
@@ -47,7 +47,8 @@ def test_a_worker_is_known_by_its_card_once_its_endpoint_is_registered_too():
     ],
 )
 def test_the_discovery_cases_run_on_etcd_whatever_was_chosen(case, chosen, layout):
-    assert lifecycle.layout(case.fault, chosen) == layout
+    on_etcd = topology(case.topology).on_etcd
+    assert lifecycle.layout(case.fault, chosen, on_etcd) == layout
 
 
 def test_a_discovery_that_is_none_of_the_two_names_both():

@@ -198,6 +198,9 @@ class Topology:
     pre_merge_promise: Promise
     #: The verdict must also prove that the request's KV prefix was transferred.
     proves_kv_transfer: bool = False
+    #: Its workers register on etcd whatever discovery the run chose (`lifecycle.layout`): the
+    #: discovery plane's topology.
+    on_etcd: bool = False
     #: How the case exercises its fault (`responses.exercise.WORKLOADS`): "one" request;
     #: "load": many at once (the backend's `load_requests`), the fault on the worker that
     #: holds the most of them; "rolling": a steady load while every worker of the target role
@@ -550,6 +553,7 @@ DISCOVERY_PLANE = Topology(
     name="discovery",
     target_role="aggregate",
     fault_window="decoding",
+    on_etcd=True,
     restrictions=(
         Restriction(
             "fault",

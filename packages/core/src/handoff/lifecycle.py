@@ -151,18 +151,21 @@ def of(name: str) -> Lifecycle:
         ) from None
 
 
-def layout(fault: str, chosen: str) -> Layout:
+def layout(fault: str, chosen: str, on_etcd: bool = False) -> Layout:
     """Where a case of `fault` has its workers register: its lifecycle's own layout (the
-    discovery plane's faults: etcd, of one member or three), else the `chosen` discovery."""
-    return of(fault).layout or (FILE if chosen == "file" else Layout("etcd", 1))
+    discovery plane's faults: etcd, of one member or three), else etcd of one member where its
+    topology qualifies the discovery plane (`on_etcd`), else the `chosen` discovery."""
+    if own := of(fault).layout:
+        return own
+    return FILE if chosen == "file" and not on_etcd else Layout("etcd", 1)
 
 
-def missing(fault: str, chosen: str) -> tuple[str, str] | None:
+def missing(fault: str, chosen: str, on_etcd: bool = False) -> tuple[str, str] | None:
     """What a case of `fault` cannot run without on this machine, and why, in one line that
     says the fix; None when it can: its lifecycle's own needs, then etcd where it registers
     there."""
     if why := of(fault).missing():
         return fault, why
-    if layout(fault, chosen).kind == "etcd" and (why := etcd.missing()):
+    if layout(fault, chosen, on_etcd).kind == "etcd" and (why := etcd.missing()):
         return "etcd", why
     return None

@@ -77,7 +77,8 @@ class PoolKey:
         own = lifecycle.of(case.fault).worker_env
         variant = (*backend.worker_variant(case), *((own[0],) if own else ()))
         chosen = str(backend.setting("discovery"))
-        return cls(backend.name, roles, case.plane, variant, lifecycle.layout(case.fault, chosen))
+        layout = lifecycle.layout(case.fault, chosen, topology(case.topology).on_etcd)
+        return cls(backend.name, roles, case.plane, variant, layout)
 
     @property
     def label(self) -> str:

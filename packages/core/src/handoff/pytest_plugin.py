@@ -16,7 +16,7 @@ from rich.console import Console
 
 from handoff import lifecycle
 from handoff.backend import TIMEOUT_MARKER, Backend
-from handoff.cases import SELECTIONS, Case, backend_cases, only
+from handoff.cases import SELECTIONS, Case, backend_cases, only, topology
 from handoff.errors import HandoffError
 from handoff.machine import firewall, interrupts, ownership
 from handoff.machine.environment import find_nats_server, handoff_command
@@ -351,7 +351,12 @@ def selected_cases(config: pytest.Config, backend: Backend) -> list[Case]:
     """The cases the command line selects that this machine can run, before pytest-split
     takes a share of them."""
     chosen = str(backend.setting("discovery"))
-    return [c for c in chosen_cases(config, backend) if not lifecycle.missing(c.fault, chosen)]
+    return [c for c in chosen_cases(config, backend) if not missing_here(c, chosen)]
+
+
+def missing_here(case: Case, chosen: str) -> tuple[str, str] | None:
+    """What `case` cannot run without on this machine, and why (`lifecycle.missing`)."""
+    return lifecycle.missing(case.fault, chosen, topology(case.topology).on_etcd)
 
 
 def chosen_cases(config: pytest.Config, backend: Backend) -> list[Case]:
@@ -372,7 +377,7 @@ def not_run_here(config: pytest.Config) -> list[str]:
         return []  # reported at collection, in one line
     missing: dict[str, list[Case]] = {}
     for case in cases:
-        if found := lifecycle.missing(case.fault, str(backend.setting("discovery"))):
+        if found := missing_here(case, str(backend.setting("discovery"))):
             what, why = found
             missing.setdefault(f"{what} cases not run: {why}", []).append(case)
     return [f"handoff: {len(held)} {line}" for line, held in missing.items()]
