@@ -10,6 +10,7 @@ import psutil
 
 from handoff import metrics
 from handoff.machine.polling import Deadline, poll_until
+from handoff_mocker import MockerBackend
 
 
 class WrongHolder:
@@ -119,3 +120,15 @@ class HeldEngineGauge:
     def engine_running(self, workers):
         ports = {w.name: w.ports["engine"] for w in workers}
         return metrics.worker_sums(ports, self.engine_running_gauge, required=True)
+
+
+class WorkersWith(MockerBackend):
+    """Workers launched with `env` on top of what the pool gives them."""
+
+    def __init__(self, **env: str) -> None:
+        super().__init__()
+        self.env = env
+
+    def worker(self, role, case, model, ports, folder):
+        launch = super().worker(role, case, model, ports, folder)
+        return replace(launch, env={**launch.env, **self.env})

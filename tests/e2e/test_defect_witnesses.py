@@ -9,10 +9,10 @@ import re
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from misbehaving import WorkersWith
 
 from handoff import runner
 from handoff.cases import Case
@@ -52,23 +52,6 @@ def test_the_defect_is_its_witness_read_off_the_system(case_id, fault, seen, tmp
     defect = KNOWN_DEFECTS[fault]
     (note,) = [n for n in verdict.notes if n.startswith(f"{defect.issue}'s witness: ")]
     assert seen in note, note
-
-
-class WorkersWith(MockerBackend):
-    """Workers launched with `env` on top of what the pool gives them, on etcd."""
-
-    def __init__(self, **env: str) -> None:
-        super().__init__()
-        self.env = env
-
-    def worker(self, role, case, model, ports, folder):
-        launch = super().worker(role, case, model, ports, folder)
-        return replace(launch, env={**launch.env, **self.env})
-
-    def setting(self, key: str) -> object:
-        """On etcd whatever the run chose: the lease the worker loses is etcd's, and Dynamo ends
-        a worker whose etcd lease expired (on the file store it lives on, unlisted)."""
-        return "etcd" if key == "discovery" else super().setting(key)
 
 
 def all_but_its_witness(verdict, defect) -> str:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from misbehaving import WorkersWith
 from without_binary import not_run, run_without
 
 from handoff import runner
@@ -26,18 +27,6 @@ SETTINGS = Settings(keep_logs=True)
 
 #: The checks of a deployment on etcd need etcd (`nox -s tests` installs it as root).
 NEEDS_ETCD = pytest.mark.skipif(bool(etcd.missing()), reason=str(etcd.missing()))
-
-
-class WorkersWith(MockerBackend):
-    """Workers launched with `env` on top of what the pool gives them."""
-
-    def __init__(self, **env: str) -> None:
-        super().__init__()
-        self.env = env
-
-    def worker(self, role, case, model, ports, folder):
-        launch = super().worker(role, case, model, ports, folder)
-        return replace(launch, env={**launch.env, **self.env})
 
 
 #: A lease six times the one handoff gives Dynamo: a dead or cut-off worker stays listed.
