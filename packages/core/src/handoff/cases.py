@@ -850,6 +850,12 @@ def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tupl
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
     if backend is not None and PLUGIN_FAULTS_RUN_AS in values["fault"]:
+        if absent := [f for f in backend.lifecycles if not plugin_fault(f)]:
+            raise HandoffError(
+                f"backend {backend.name!r} runs fault lifecycle(s) {', '.join(absent)}, which "
+                f"no installed plugin registers (handoff.lifecycles): install the plugin that "
+                f"provides them"
+            )
         values["fault"] += tuple(backend.lifecycles)
     for r in backend_restrictions(backend, topology_name) if backend else ():
         values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)

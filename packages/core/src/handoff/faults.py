@@ -560,11 +560,3 @@ def prove_cut(cut: firewall.Cut, holder: Worker, deadline: Deadline) -> None:
         return (dropped or None), f"{dropped} packets dropped by {len(cut.flows)} rules"
 
     poll_until(probe, deadline, f"the partition of {holder.name} to drop a packet")
-
-
-#: etcd_loss: the lease its processes are given. Each ends itself once its lease runs out, the
-#: frontend too; the case's reading of it after the response must come first: under a busy
-#: loop, at the file store's 10 s, a response of 900 tokens ended 4.8 s after etcd's kill and
-#: the reading took 4.3 s more, past the frontend's end. With 400 tokens (the fault made on a
-#: held holder) and 15 s, three times that reading is left.
-LOSS_LEASE_S = 15
