@@ -29,7 +29,7 @@ class Runs:
 
 @pytest.fixture
 def registered(monkeypatch):
-    own = lifecycle.Lifecycle(OWN, "SIGSTOP", lambda *_: None)
+    own = lifecycle.Lifecycle(OWN, "SIGKILL", lambda *_: None)
     monkeypatch.setitem(lifecycle.registered(), OWN, own)
 
 
@@ -57,3 +57,14 @@ def test_a_lifecycle_no_plugin_registers_is_named_with_the_fix():
         allowed("aggregate", Runs(("never_installed",)))
     with pytest.raises(HandoffError, match="unknown fault 'never_installed'"):
         Case("migration_enabled", "never_installed", "chat", "stream", "nats")
+
+
+def test_an_unheard_one_runs_where_a_stall_does_and_one_off_the_path_nowhere(monkeypatch):
+    unheard = lifecycle.Lifecycle(OWN, "SIGSTOP", lambda *_: None, meets=lifecycle.UNHEARD)
+    monkeypatch.setitem(lifecycle.registered(), OWN, unheard)
+    assert OWN in allowed("aggregate", Runs((OWN,)))["fault"]
+    assert OWN not in allowed("join", Runs((OWN,)))["fault"]  # a worker replaced: kills only
+    off = lifecycle.Lifecycle(OWN, "SIGSTOP", lambda *_: None, meets=lifecycle.OFF_PATH)
+    monkeypatch.setitem(lifecycle.registered(), OWN, off)
+    with pytest.raises(HandoffError, match="may strike a worker only"):
+        allowed("aggregate", Runs((OWN,)))

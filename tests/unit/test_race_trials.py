@@ -9,7 +9,7 @@ from handoff.cases import Case
 from handoff.errors import MissedAfterFault, MissedWindow
 from handoff.history import History
 from handoff.policies import KNOWN_RACES, RACE_TRIALS, known_defect
-from handoff.responses import exercise
+from handoff.responses import exercise, witnesses
 from handoff.responses.waits import CaseRun
 from handoff.verdict import Verdict
 
@@ -41,10 +41,30 @@ class Struck:
         self.defect = known_defect(case)
 
 
-def race(monkeypatch, run: CaseRun, judged_once) -> Verdict:
+def race(monkeypatch, run: CaseRun, judged_once, struck=Struck) -> Verdict:
     """`exercise.exercise` of `run`, each trial's verdict (or exception) from `judged_once`."""
-    monkeypatch.setattr(exercise, "once", lambda _plan, run: (judged_once(run), Struck(run.case)))
+    monkeypatch.setattr(exercise, "once", lambda _plan, run: (judged_once(run), struck(run.case)))
     return exercise.exercise(run)
+
+
+def test_the_witness_is_read_about_the_worker_the_failing_trial_struck(monkeypatch):
+    """The race's witness is read from the system, about the holder of the trial that failed:
+    seen, the case is the known defect; the reasons alone never were."""
+    asked = []
+
+    def read(witness, deployment, worker, history):
+        asked.append(worker)
+        return {witness.key: (True, f"read about {worker}")}
+
+    class StruckHolder(Struck):
+        holder = "worker-3-decode"
+
+    monkeypatch.setattr(witnesses, "read", read)
+    given = iter([Verdict(True), Verdict(False, list(RACED_REASONS))])
+    run = CaseRun(None, RACE_CASE, None, None, History(), 7)
+    verdict = race(monkeypatch, run, lambda _run: next(given), StruckHolder)
+    assert asked == ["worker-3-decode"]
+    assert verdict.upstream_defect == RACE.describe(), verdict.summary()
 
 
 RACE = KNOWN_RACES["decode_race", "worker_stall"]

@@ -22,6 +22,7 @@ from handoff.covering.verify import (
     shortfall,
 )
 from handoff.errors import HandoffError
+from handoff.lifecycle import MOVES, UNHEARD
 from handoff.lifecycle import registered as registered_lifecycles
 
 POLICIES = (
@@ -548,7 +549,7 @@ ENGINE_CORE = Topology(
 )
 
 #: The discovery plane's faults (`DISCOVERY`) and a stall past the lease, on etcd whatever
-#: discovery the run chose (`faults.discovery`).
+#: discovery the run chose (`lifecycle.layout`, `Topology.on_etcd`).
 DISCOVERY_PLANE = Topology(
     name="discovery",
     target_role="aggregate",
@@ -817,8 +818,10 @@ class Case:
         return {axis: getattr(self, axis) for axis in AXES}
 
 
-#: Where a plugin's own lifecycle may run: wherever a worker may be killed (it strikes a worker).
-PLUGIN_FAULTS_RUN_AS = "worker_failure"
+#: What a plugin's own lifecycle runs as where a topology restricts faults, by how it meets the
+#: response (`Lifecycle.meets`): a kill's, or a stall's. It strikes a worker; one off the
+#: response's path, or a client's, is not qualified by a plugin yet.
+PLUGIN_FAULTS_RUN_AS = {MOVES: "worker_failure", UNHEARD: "worker_stall"}
 
 
 def plugin_fault(name: str) -> bool:
@@ -828,8 +831,17 @@ def plugin_fault(name: str) -> bool:
 
 
 def standing_for(axis: str, value: str) -> str:
-    """The value a topology's restrictions judge: a plugin's fault as the kill it runs as."""
-    return PLUGIN_FAULTS_RUN_AS if axis == "fault" and value not in FAULTS else value
+    """The value a topology's restrictions judge: a plugin's fault as the kill or the stall it
+    runs as (`PLUGIN_FAULTS_RUN_AS`)."""
+    if axis != "fault" or value in FAULTS:
+        return value
+    meets = registered_lifecycles()[value].meets
+    if meets not in PLUGIN_FAULTS_RUN_AS:
+        raise HandoffError(
+            f"fault lifecycle {value!r} meets the response as {meets!r}: a plugin's lifecycle "
+            f"may strike a worker only ({' or '.join(PLUGIN_FAULTS_RUN_AS)})"
+        )
+    return PLUGIN_FAULTS_RUN_AS[meets]
 
 
 class Runner(Protocol):
@@ -849,17 +861,23 @@ class Runner(Protocol):
 def allowed(topology_name: str, backend: Runner | None = None) -> dict[str, tuple[str, ...]]:
     """Each axis with the values the topology allows and, if given, the backend runs."""
     values = topology(topology_name).allowed()
-    if backend is not None and PLUGIN_FAULTS_RUN_AS in values["fault"]:
-        if absent := [f for f in backend.lifecycles if not plugin_fault(f)]:
-            raise HandoffError(
-                f"backend {backend.name!r} runs fault lifecycle(s) {', '.join(absent)}, which "
-                f"no installed plugin registers (handoff.lifecycles): install the plugin that "
-                f"provides them"
-            )
-        values["fault"] += tuple(backend.lifecycles)
+    if backend is not None:
+        values["fault"] += own_faults(backend, values["fault"])
     for r in backend_restrictions(backend, topology_name) if backend else ():
         values[r.axis] = tuple(v for v in values[r.axis] if v in r.allowed)
     return values
+
+
+def own_faults(backend: Runner, faults: tuple[str, ...]) -> tuple[str, ...]:
+    """The backend's own lifecycles that run where `faults` do: each where what it runs as
+    does. One no installed plugin registers is an error that says the fix."""
+    if absent := [f for f in backend.lifecycles if not plugin_fault(f)]:
+        raise HandoffError(
+            f"backend {backend.name!r} runs fault lifecycle(s) {', '.join(absent)}, which no "
+            f"installed plugin registers (handoff.lifecycles): install the plugin that provides "
+            f"them"
+        )
+    return tuple(f for f in backend.lifecycles if standing_for("fault", f) in faults)
 
 
 def broken_constraint(row: dict[str, str]) -> Implies | None:

@@ -191,7 +191,7 @@ class FaultReport:
     room_proven: bool = False
     #: When the first signal went out (monotonic).
     signalled_at: float = 0.0
-    #: A drain's wait after its SIGTERM (`runs_on_for`), and the harness's lag measured on the
+    #: A drain's wait after its SIGTERM (`Lifecycle.runs_on`), and the harness's lag measured on the
     #: way to it (`Proof.lag_s`).
     bound_s: float | None = None
     lag_s: float = 0.0

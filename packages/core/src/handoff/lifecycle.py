@@ -37,6 +37,10 @@ def _nothing(*_: object) -> None:
     return None
 
 
+def _no_problems(*_: object) -> list[str]:
+    return []
+
+
 def _no_env(*_: object) -> dict[str, str]:
     return {}
 
@@ -64,9 +68,14 @@ class Lifecycle:
     #: (run, holder, report) -> None: what the fault left, in the history; a worker it ended
     #: replaced, as a real deployment's would be.
     left: Callable[..., None] = _nothing
-    #: (struck: responses.waits.Struck) -> problems: what it must leave once every response
-    #: has ended: a healed worker serving again, the broker's recovery, every gauge at 0.
-    aftermath: Callable[..., list[str]] = _nothing
+    #: (struck: responses.recovery.Struck) -> problems: what it must leave once every
+    #: response has ended, beyond every gauge at 0 (which the workload checks after it): a
+    #: healed worker serving again, the broker's recovery, the discovery plane's.
+    aftermath: Callable[..., list[str]] = _no_problems
+    #: Every gauge must read 0 after the aftermath (`recovery.idle_problems`). False only for a
+    #: fault whose aftermath may end the frontend itself, which then reads the gauges itself
+    #: where the frontend still serves (etcd lost or restarted).
+    idle_after: bool = True
     #: How it meets the response (MOVES, UNHEARD, OFF_PATH, LEAVES).
     meets: str = MOVES
     #: (settings) -> (seconds, why): how long the frontend may rightly wait after it before
@@ -144,7 +153,12 @@ def of(name: str) -> Lifecycle:
     try:
         return registered()[name]
     except KeyError:
-        known = ", ".join(sorted(registered())) or "none"
+        if not registered():  # handoff's own come through its entry point too
+            raise HandoffError(
+                f"no fault lifecycle is installed, not even handoff's own ({GROUP}): reinstall "
+                f"handoff (pip install -e packages/core) so that its entry points are recorded"
+            ) from None
+        known = ", ".join(sorted(registered()))
         raise HandoffError(
             f"no lifecycle is installed for fault {name!r} (installed: {known}): install the "
             f"plugin that provides it"

@@ -363,7 +363,7 @@ KNOWN_RACES[("discovery", "etcd_restart")] = KnownDefect(
     FRONTEND_GAVE_UP,
 )
 #: How often a race case's lifecycle is repeated until the race shows
-#: (`responses.single.exercise_race`), by fault. The decode stall's, which a few milliseconds
+#: (`responses.exercise.exercise`), by fault. The decode stall's, which a few milliseconds
 #: decide: over 20 runs of the case alone it showed in 19 of 74 trials on vLLM's CPU engine
 #: (first at trial 1 to 11: benchmarks/RESULTS.md), and at 0.26 a trial, 24 trials all miss it
 #: with a probability of 0.74^24, about 0.08%. The cut-off worker's, which its premise decides:

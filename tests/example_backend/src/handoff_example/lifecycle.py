@@ -22,9 +22,9 @@ def hang_then_kill(run, holder, watched, _aimed) -> faults.FaultReport:
     return replace(stalled, signals=("SIGSTOP", "SIGKILL"))
 
 
-HANG_THEN_KILL = Lifecycle(
-    NAME, "SIGSTOP", hang_then_kill, left=recovery.gone, aftermath=recovery.idle_after
-)
+#: What it leaves: the worker gone and replaced (`recovery.gone`); then, as after every fault,
+#: every gauge must read 0 (the exercise checks that).
+HANG_THEN_KILL = Lifecycle(NAME, "SIGSTOP", hang_then_kill, left=recovery.gone)
 
 
 @hookimpl

@@ -14,6 +14,7 @@ from handoff.backend import Backend, Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
 from handoff.deployment import Deployment
+from handoff.errors import MissedAfterFault, MissedWindow
 from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.machine.polling import Deadline, Timeout, poll_until
@@ -146,17 +147,28 @@ class Leaving:
         run, holder = self.run, self.holder
         assert holder is not None
         lifecycle, history = run.lifecycle, run.history
-        if lifecycle.inject is not None:
-            report = recovery.send_fault(run, holder, faults.Watch(self.inflight))
-            lifecycle.left(run, holder, report)
-            if lifecycle.stops_holder:
-                self.heal = recovery.Heal(holder, report, history, lifecycle)
-        if lifecycle.leaves_once_moved:
-            self.successor_streams()
+        if lifecycle.inject is None:  # the client leaving is the whole fault
+            self.leave_open()
+            return
+        report = recovery.send_fault(run, holder, faults.Watch(self.inflight))
+        lifecycle.left(run, holder, report)
+        if lifecycle.stops_holder:
+            self.heal = recovery.Heal(holder, report, history, lifecycle)
+        try:
+            if lifecycle.leaves_once_moved:
+                self.successor_streams()
+            self.leave_open()
+        except MissedAfterFault:
+            raise
+        except MissedWindow as missed:  # the fault was made: the deployment is not intact
+            raise MissedAfterFault(str(missed)) from None
+
+    def leave_open(self) -> None:
+        """The client leaves the response, still open."""
         if self.inflight.finished:
             raise faults.ended_before(self.inflight, "before the client could leave it")
         self.closed_at = self.inflight.close()
-        history.record_at("client_closed", self.closed_at, chunks=self.chunks())
+        self.run.history.record_at("client_closed", self.closed_at, chunks=self.chunks())
 
     def successor_streams(self) -> None:
         deployment, case, settings, deadline, history = self.run.parts
@@ -171,13 +183,18 @@ class Leaving:
 
     def await_end(self) -> None:
         """With the holder stalled, the frontend must not move what its client left; every
-        worker that held the request must stop it; the client's stream ends."""
+        worker that held the request must stop it, and a stalled one, running again, must be
+        routed to again, before the counters are read; the client's stream ends."""
         deployment, _, settings, deadline, history = self.run.parts
         if self.heal is not None:
             watch = MoveWatch(deployment, self.counts_before, self.before, self.closed_at, settings)
             self.problems += watch.problems(self.heal, deadline, history)
             self.heal()
         self.problems += stop_problems(deployment, self.request, self.before, deadline, history)
+        if self.heal is not None and self.holder is not None:  # running again, it must serve
+            self.problems += recovery.rejoin_problems(
+                deployment, self.holder, self.request, history, self.shape
+            )
         inflight = self.inflight
         poll_until(lambda: (True if inflight.finished else None, "open"), deadline, "the client")
         record_response(inflight, history)
@@ -200,14 +217,9 @@ class Leaving:
         return Verdict(passed=not problems, reasons=problems, phase=history.phase)
 
     def aftermath(self) -> list[str]:
-        """A stalled worker, running again, must be routed to again; every gauge at 0."""
+        """Every gauge at 0."""
         deployment, _, _, deadline, history = self.run.parts
-        problems = []
-        if self.heal is not None and self.holder is not None:
-            problems += recovery.rejoin_problems(
-                deployment, self.holder, self.request, history, self.shape
-            )
-        return problems + recovery.idle_problems(deployment, self.metrics_url, deadline, history)
+        return recovery.idle_problems(deployment, self.metrics_url, deadline, history)
 
 
 def delivered_problems(

@@ -214,7 +214,7 @@ def _kill(processes: list[ManagedProcess], deadline: Deadline) -> None:
 def lease_expired_after(struck: recovery.Struck) -> list[str]:
     """lease_expiry: the frontend no longer lists the dead worker within its lease."""
     lease_s = etcd.LEASE_TTL_S + LISTING_SLACK_S
-    return unlisted(struck, lease_s) + struck.idle()
+    return unlisted(struck, lease_s)
 
 
 def revoked_after(struck: recovery.Struck) -> list[str]:
@@ -222,8 +222,7 @@ def revoked_after(struck: recovery.Struck) -> list[str]:
     holder, history = struck.holder, struck.run.history
     problems = unlisted(struck, LISTING_SLACK_S)
     why = "its lease was revoked"
-    problems += exit_problems([holder.process], why, struck.faulted_at, EXIT_S, history)
-    return problems + struck.idle()
+    return problems + exit_problems([holder.process], why, struck.faulted_at, EXIT_S, history)
 
 
 def cut_from_etcd_after(struck: recovery.Struck) -> list[str]:
@@ -238,7 +237,7 @@ def cut_from_etcd_after(struck: recovery.Struck) -> list[str]:
         run.deployment, holder, struck.request, run.history, struck.shape
     )
     recovery.retire(holder, run.deadline)
-    return problems + struck.idle()
+    return problems
 
 
 def member_lost_after(struck: recovery.Struck) -> list[str]:
@@ -249,12 +248,13 @@ def member_lost_after(struck: recovery.Struck) -> list[str]:
         run.deployment, struck.request, "after one etcd member was lost", run.history
     )
     restart_lost(run.deployment.pool, run.deadline, run.history)
-    return problems + struck.idle()
+    return problems
 
 
 def restarted_after(struck: recovery.Struck) -> list[str]:
     """etcd_restart: every process goes on, the frontend's own lease read meanwhile
-    (`FrontendLease`); a frontend that stopped serving is not asked for its gauges."""
+    (`FrontendLease`); then every gauge at 0, but a frontend that stopped serving is not asked
+    for its gauges (`Lifecycle.idle_after` is off)."""
     run = struck.run
     watch = FrontendLease(run.deployment, run.history)
     when = "after etcd came back"
@@ -263,7 +263,8 @@ def restarted_after(struck: recovery.Struck) -> list[str]:
 
 
 def lost_after(struck: recovery.Struck) -> list[str]:
-    """etcd_loss: every process ends by itself within its lease and its shutdown."""
+    """etcd_loss: every process ends by itself within its lease and its shutdown, the
+    frontend too: no gauge is read (`Lifecycle.idle_after` is off)."""
     deployment, history = struck.run.deployment, struck.run.history
     bound_s = deployment.pool.layout.lease_s + EXIT_S
     ended = deployment.dynamo_processes

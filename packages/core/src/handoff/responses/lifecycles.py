@@ -7,6 +7,7 @@ fault's name decides what is done."""
 from __future__ import annotations
 
 from handoff import faults
+from handoff.errors import HandoffError
 from handoff.lifecycle import LEAVES, OFF_PATH, UNHEARD, Lifecycle, hookimpl
 from handoff.machine import firewall
 from handoff.machine.discovery import Layout
@@ -94,7 +95,10 @@ def engine_wait(_: Settings) -> tuple[float, str]:
 
 
 def broker(run: CaseRun, _holder):
-    return run.deployment.pool.nats
+    """The deployment's nats-server, which the broker's faults signal."""
+    if (nats := run.deployment.pool.nats) is None:
+        raise HandoffError(f"{run.case.fault} needs the deployment's nats-server: it runs none")
+    return nats
 
 
 WORKER_FAILURE = Lifecycle(
@@ -102,7 +106,6 @@ WORKER_FAILURE = Lifecycle(
     "SIGKILL",
     on_holder(faults.kill, "worker_failure"),
     left=recovery.gone,
-    aftermath=recovery.idle_after,
 )
 WORKER_STALL = Lifecycle(
     "worker_stall",
@@ -124,7 +127,6 @@ LIFECYCLES = (
         "SIGTERM",
         drained("graceful_shutdown", graceful_bound, False),
         left=recovery.gone,
-        aftermath=recovery.idle_after,
         wait=graceful_wait,
         runs_on=graceful_bound,
     ),
@@ -135,7 +137,6 @@ LIFECYCLES = (
         "SIGTERM",
         drained("drain_expired", drain_timeout, True),
         left=recovery.gone,
-        aftermath=recovery.idle_after,
         wait=drain_wait,
         runs_on=drain_timeout,
         worker_env=(
@@ -196,7 +197,6 @@ LIFECYCLES = (
         "SIGKILL",
         on_holder(faults.kill_engine, "engine_failure"),
         left=recovery.engine_gone,
-        aftermath=recovery.idle_after,
         wait=engine_wait,
         worker_env=(
             "engine10s",
@@ -244,6 +244,7 @@ LIFECYCLES = (
         "SIGKILL",
         plane.on_etcd(plane.restart_members),
         aftermath=plane.restarted_after,
+        idle_after=False,
         meets=OFF_PATH,
         layout=Layout("etcd", 1),
         aim=plane.aim_every_member,
@@ -253,6 +254,7 @@ LIFECYCLES = (
         "SIGKILL",
         plane.on_etcd(plane.kill_members),
         aftermath=plane.lost_after,
+        idle_after=False,
         meets=OFF_PATH,
         layout=Layout("etcd", 1, lease_s=LOSS_LEASE_S),
         aim=plane.aim_every_member,

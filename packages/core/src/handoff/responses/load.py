@@ -58,7 +58,7 @@ class Held:
 
 
 class VictimWatch:
-    """What `faults.inject` reads as the response: finished once any request the victim held
+    """What a lifecycle's injection reads as the response: finished once any request the victim held
     has ended, which would put the fault past its window."""
 
     def __init__(self, held: list[Held]) -> None:
@@ -193,7 +193,7 @@ class Load:
             self.run, victim, self.fault, self.heal, loaded.held[0].request, loaded.first_shape,
             self.signalled_at, self.outlives_lease,
         )  # fmt: skip
-        return self.run.lifecycle.aftermath(struck)
+        return recovery.aftermath(self.run.lifecycle, struck)
 
     @property
     def accounted(self) -> list[dict[str, object]]:

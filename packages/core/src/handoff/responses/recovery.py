@@ -517,11 +517,6 @@ class Struck:
         )  # fmt: skip
 
 
-def idle_after(struck: Struck) -> list[str]:
-    """A worker ended or drained: what it held went elsewhere, and every gauge falls to 0."""
-    return struck.idle()
-
-
 def healed_after(struck: Struck) -> list[str]:
     """A stalled or cut-off worker, healed, must serve again; a stall that outlived its lease,
     proven by the frontend dropping it, leaves it unroutable on Dynamo 1.6.1 (the known defect
@@ -531,18 +526,24 @@ def healed_after(struck: Struck) -> list[str]:
         await_unlisted(run.deployment, holder, struck.faulted_at, run.history)
     struck.heal()
     problems = rejoin_problems(run.deployment, holder, struck.request, run.history, struck.shape)
-    if struck.outlives_lease:
+    if struck.outlives_lease:  # a worker `retire` ended is not asked for its gauge
         retire(holder, run.deadline)
-    # A worker `retire` ended has exited and is not asked for its gauge.
-    return problems + struck.idle()
+    return problems
 
 
 def broker_resumed_after(struck: Struck) -> list[str]:
-    return broker_problems(struck, restart=False) + struck.idle()
+    return broker_problems(struck, restart=False)
 
 
 def broker_restarted_after(struck: Struck) -> list[str]:
-    return broker_problems(struck, restart=True) + struck.idle()
+    return broker_problems(struck, restart=True)
+
+
+def aftermath(lifecycle: Lifecycle, struck: Struck) -> list[str]:
+    """The lifecycle's own aftermath, then every gauge at 0 (but where the lifecycle may end
+    the frontend: `Lifecycle.idle_after`): no lifecycle can leave the gauges unchecked."""
+    problems = lifecycle.aftermath(struck)
+    return problems + struck.idle() if lifecycle.idle_after else problems
 
 
 #: The roles whose engines decode, and may decode on after their handler let a request go (a

@@ -98,7 +98,8 @@ class SteadyLoad:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():  # never started where its first top-up raised
+            self._thread.join()
 
     def is_open(self) -> bool:
         return any(not inflight.finished for inflight, _ in self.sent)
@@ -111,6 +112,7 @@ class Rolling:
     """A steady load while every worker of the target role is rolled (`roll`), then every
     request accounted for: the exercise's workload (`responses.exercise`)."""
 
+    #: Every worker of the role is struck, none the one a defect's witness would be read about.
     holder: Worker | None = None
     faulted: str | None = None
 
@@ -135,12 +137,12 @@ class Rolling:
         self.replacements.__exit__(*exc)
 
     def send(self) -> None:
-        self.steady.start()
         # The start of the load, as a load case's `requests_sent` (report.html draws its lanes).
         self.run.history.record(
             "requests_sent", steady=True, in_flight=len(self.shapes),
             max_tokens=self.shapes[0].max_tokens,
         )  # fmt: skip
+        self.steady.start()
 
     def hold(self) -> None:
         """Nothing yet: each worker is held in its turn of the roll, chosen right before its
@@ -148,12 +150,9 @@ class Rolling:
 
     def inject(self) -> None:
         """The roll, then the load kept on until every replacement has taken a request."""
-        role = topology(self.run.case.topology).target_role
-        rolled = [w for w in self.run.deployment.workers if w.role == role]
         self.first_drain, self.unproven, self.joiners = roll(
             self.run, self.steady, self.replacements
         )
-        self.holder = rolled[-1]  # the last drained: a defect's witness is read about it
         await_taken(self.joiners, self.steady, self.run.deadline.within(HOLDER_TIMEOUT_S))
         self.steady.stop()
 

@@ -1,7 +1,7 @@
 """One request (plain, guided, or of several choices): send it, fault the worker that holds it
 in its window, wait for its end within a bound computed from the case, and judge it with the
 evidence every request gets (responses.evidence) and the fault's aftermath
-(recovery.aftermath)."""
+(`recovery.aftermath`)."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ class One:
             self.run, self.sent.holder, self.fault, self.heal, planned.request, planned.shape,
             self.faulted_at, lifecycle.outlives_lease,
         )  # fmt: skip
-        return lifecycle.aftermath(struck)
+        return recovery.aftermath(lifecycle, struck)
 
 
 def await_end(

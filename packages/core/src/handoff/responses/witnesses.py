@@ -92,7 +92,7 @@ def engine_reading(backend: Backend, worker: Worker) -> Callable[[], float | Non
 def lost_ran_on(deployment: Deployment, worker: Worker, history: History) -> Reading:
     """After the move, the worker's engine reported a request running (`recovery.Heal`), and
     the user's stream got no content after it; of the last trial alone (a race case repeats
-    its lifecycle on one deployment, `responses.single.exercise_race`)."""
+    its lifecycle on one deployment, `responses.exercise.exercise`)."""
     events = history.timeline()
     trials = [at for at, e in enumerate(events) if e.name == "trial"]
     events = events[trials[-1] :] if trials else events
