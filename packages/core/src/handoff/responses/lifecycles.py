@@ -39,6 +39,13 @@ def on_holder(act, name: str):
     return inject
 
 
+def drain(name: str, bound, wait, ends_itself: bool, **more) -> Lifecycle:
+    """A drain: SIGTERM, and the holder runs on for `bound(settings)` seconds, which the
+    request must outlast (`runs_on`); the worker then ends, and is replaced."""
+    inject = drained(name, bound, ends_itself)
+    return Lifecycle(name, "SIGTERM", inject, left=recovery.gone, wait=wait, runs_on=bound, **more)
+
+
 def drained(name: str, bound, ends_itself: bool):
     """SIGTERM and a drain of `bound(settings)` seconds (`faults.drain`)."""
 
@@ -55,6 +62,49 @@ def on_broker(name: str, stops: bool):
         return faults.fault_broker(name, stops, holder, watched, broker, run.deadline)
 
     return inject
+
+
+#: Where most of the discovery plane's faults have their workers register: etcd of one member.
+ETCD = Layout("etcd", 1)
+
+
+def on_etcd(name, first_signal, act, aftermath, layout=ETCD, **more) -> Lifecycle:
+    """A fault of the discovery plane: `act` on etcd or the holder's lease, made with the
+    holder held (`discovery_plane.on_etcd`), off the response's path, its workers on etcd."""
+    inject = plane.on_etcd(act)
+    return Lifecycle(
+        name, first_signal, inject, aftermath=aftermath, meets=OFF_PATH, layout=layout, **more
+    )
+
+
+def of_broker(name: str, stops: bool, aftermath) -> Lifecycle:
+    """A fault of the NATS broker under the holder, stopped (`stops`) or killed: off the
+    response's path; a new request meanwhile waits on the NATS timeout."""
+    return Lifecycle(
+        name, "SIGSTOP" if stops else "SIGKILL", on_broker(name, stops), target=broker,
+        left=recovery.broker_faulted, aftermath=aftermath, meets=OFF_PATH,
+        frontend_env=nats_timeout_env,
+    )  # fmt: skip
+
+
+def unheard(name: str, first_signal: str, act, left, **more) -> Lifecycle:
+    """A fault that leaves the holder alive but unheard until healed: only the frontend's
+    stream timeout notices it, and the healed worker must serve again."""
+    return Lifecycle(
+        name, first_signal, on_holder(act, name), left=left, aftermath=recovery.healed_after,
+        meets=UNHEARD, wait=silence_wait, frontend_env=stream_timeout_env, **more,
+    )  # fmt: skip
+
+
+def leaves(name: str, first_signal: str, first: Lifecycle | None, **more) -> Lifecycle:
+    """A client that closes its stream, after the worker fault `first` (none, a kill, a stall:
+    its injection, what it left, whether it stops the holder); what the frontend must count is
+    `policies.ABANDONED`'s."""
+    worker = {"left": first.left, "stops_holder": first.stops_holder} if first else {}
+    inject = first.inject if first else None
+    return Lifecycle(
+        name, first_signal, inject, meets=LEAVES, outcome=ABANDONED[name], **worker, **more
+    )
 
 
 def graceful_bound(settings: Settings) -> float:
@@ -107,87 +157,58 @@ WORKER_FAILURE = Lifecycle(
     on_holder(faults.kill, "worker_failure"),
     left=recovery.gone,
 )
-WORKER_STALL = Lifecycle(
-    "worker_stall",
-    "SIGSTOP",
-    on_holder(faults.stall, "worker_stall"),
-    past_lease="stall_past_lease",
-    left=recovery.stopped,
-    aftermath=recovery.healed_after,
-    meets=UNHEARD,
-    wait=silence_wait,
-    stops_holder=True,
-    heals_on_move=True,
-    frontend_env=stream_timeout_env,
-)
+WORKER_STALL = unheard(
+    "worker_stall", "SIGSTOP", faults.stall, recovery.stopped, past_lease="stall_past_lease",
+    stops_holder=True, heals_on_move=True,
+)  # fmt: skip
+#: The discovery plane's faults on etcd but the lease's expiry (a SIGKILL, which moves).
+DISCOVERY_PLANE = (
+    on_etcd("lease_revoked", "lease revoke", plane.revoke, plane.revoked_after),
+    # Three members, each pinned to a process, to cut one worker off its own.
+    on_etcd("etcd_partition", "nftables drop", plane.cut_from_etcd, plane.cut_from_etcd_after,
+            Layout("etcd", 3, pinned=True), missing=firewall.missing),
+    on_etcd("etcd_member_loss", "SIGKILL", plane.kill_members, plane.member_lost_after,
+            Layout("etcd", 3), aim=plane.aim_most_connected),
+    # The two that may end the frontend read its gauges themselves, where it still serves.
+    on_etcd("etcd_restart", "SIGKILL", plane.restart_members, plane.restarted_after,
+            aim=plane.aim_every_member, idle_after=False),
+    on_etcd("etcd_loss", "SIGKILL", plane.kill_members, plane.lost_after,
+            Layout("etcd", 1, lease_s=LOSS_LEASE_S), aim=plane.aim_every_member,
+            idle_after=False),
+)  # fmt: skip
 LIFECYCLES = (
     WORKER_FAILURE,
-    Lifecycle(
-        "graceful_shutdown",
-        "SIGTERM",
-        drained("graceful_shutdown", graceful_bound, False),
-        left=recovery.gone,
-        wait=graceful_wait,
-        runs_on=graceful_bound,
-    ),
+    drain("graceful_shutdown", graceful_bound, graceful_wait, ends_itself=False),
     WORKER_STALL,
-    Lifecycle(
-        # The worker's own drain timeout, shorter than the rest of any such case's request.
+    # The worker's own drain timeout, shorter than the rest of any such case's request.
+    drain(
         "drain_expired",
-        "SIGTERM",
-        drained("drain_expired", drain_timeout, True),
-        left=recovery.gone,
-        wait=drain_wait,
-        runs_on=drain_timeout,
+        drain_timeout,
+        drain_wait,
+        ends_itself=True,
         worker_env=(
             f"drain{faults.DRAIN_TIMEOUT_S}s",
             {"DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": str(faults.DRAIN_TIMEOUT_S)},
         ),
     ),
-    Lifecycle(
+    unheard(
         "partition",
         "nftables drop",
-        on_holder(faults.partition, "partition"),
-        left=recovery.cut_off,
-        aftermath=recovery.healed_after,
-        meets=UNHEARD,
-        wait=silence_wait,
+        faults.partition,
+        recovery.cut_off,
         heals_on_move=True,
-        frontend_env=stream_timeout_env,
         missing=firewall.missing,
     ),
-    Lifecycle(
-        "broker_stall",
-        "SIGSTOP",
-        on_broker("broker_stall", stops=True),
-        target=broker,
-        left=recovery.broker_faulted,
-        aftermath=recovery.broker_resumed_after,
-        meets=OFF_PATH,
-        frontend_env=nats_timeout_env,
-    ),
-    Lifecycle(
-        "broker_loss",
-        "SIGKILL",
-        on_broker("broker_loss", stops=False),
-        target=broker,
-        left=recovery.broker_faulted,
-        aftermath=recovery.broker_restarted_after,
-        meets=OFF_PATH,
-        frontend_env=nats_timeout_env,
-    ),
-    Lifecycle(
-        # Held until the frontend no longer lists the stopped worker: healed only then.
+    of_broker("broker_stall", True, recovery.broker_resumed_after),
+    of_broker("broker_loss", False, recovery.broker_restarted_after),
+    # Held until the frontend no longer lists the stopped worker: healed only then.
+    unheard(
         "stall_past_lease",
         "SIGSTOP",
-        on_holder(faults.stall, "stall_past_lease"),
-        left=recovery.stopped,
-        aftermath=recovery.healed_after,
-        meets=UNHEARD,
-        wait=silence_wait,
+        faults.stall,
+        recovery.stopped,
         stops_holder=True,
         outlives_lease=True,
-        frontend_env=stream_timeout_env,
     ),
     Lifecycle(
         # Dynamo's engine monitor asks the engine's health every 2 s and gives each answer
@@ -210,85 +231,16 @@ LIFECYCLES = (
         on_holder(faults.kill, "lease_expiry"),
         left=recovery.gone,
         aftermath=plane.lease_expired_after,
-        layout=Layout("etcd", 1),
+        layout=ETCD,
     ),
-    Lifecycle(
-        "lease_revoked",
-        "lease revoke",
-        plane.on_etcd(plane.revoke),
-        aftermath=plane.revoked_after,
-        meets=OFF_PATH,
-        layout=Layout("etcd", 1),
-    ),
-    Lifecycle(
-        # Three members, each pinned to a process, to cut one worker off its own.
-        "etcd_partition",
-        "nftables drop",
-        plane.on_etcd(plane.cut_from_etcd),
-        aftermath=plane.cut_from_etcd_after,
-        meets=OFF_PATH,
-        layout=Layout("etcd", 3, pinned=True),
-        missing=firewall.missing,
-    ),
-    Lifecycle(
-        "etcd_member_loss",
-        "SIGKILL",
-        plane.on_etcd(plane.kill_members),
-        aftermath=plane.member_lost_after,
-        meets=OFF_PATH,
-        layout=Layout("etcd", 3),
-        aim=plane.aim_most_connected,
-    ),
-    Lifecycle(
-        "etcd_restart",
-        "SIGKILL",
-        plane.on_etcd(plane.restart_members),
-        aftermath=plane.restarted_after,
-        idle_after=False,
-        meets=OFF_PATH,
-        layout=Layout("etcd", 1),
-        aim=plane.aim_every_member,
-    ),
-    Lifecycle(
-        "etcd_loss",
-        "SIGKILL",
-        plane.on_etcd(plane.kill_members),
-        aftermath=plane.lost_after,
-        idle_after=False,
-        meets=OFF_PATH,
-        layout=Layout("etcd", 1, lease_s=LOSS_LEASE_S),
-        aim=plane.aim_every_member,
-    ),
+    *DISCOVERY_PLANE,
     # A client that closes its stream, after the worker fault that comes first: none (it
     # leaves mid-stream), a SIGKILL (it leaves once the successor streams), a SIGSTOP (it
     # leaves while the holder is stopped, with a stall's stream timeout, so that the move the
     # frontend must not make is one it would make had the client stayed).
-    Lifecycle(
-        "client_close",
-        "close",
-        None,
-        meets=LEAVES,
-        outcome=ABANDONED["client_close"],
-    ),
-    Lifecycle(
-        "close_after_move",
-        "SIGKILL",
-        WORKER_FAILURE.inject,
-        left=recovery.gone,
-        meets=LEAVES,
-        outcome=ABANDONED["close_after_move"],
-        leaves_once_moved=True,
-    ),
-    Lifecycle(
-        "close_in_stall",
-        "SIGSTOP",
-        WORKER_STALL.inject,
-        left=recovery.stopped,
-        meets=LEAVES,
-        outcome=ABANDONED["close_in_stall"],
-        stops_holder=True,
-        frontend_env=stream_timeout_env,
-    ),
+    leaves("client_close", "close", None),
+    leaves("close_after_move", "SIGKILL", WORKER_FAILURE, leaves_once_moved=True),
+    leaves("close_in_stall", "SIGSTOP", WORKER_STALL, frontend_env=stream_timeout_env),
 )
 
 
