@@ -159,7 +159,7 @@ KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: machine (39.0, 114.4, 109.6 and 78.5 s, the first case of a pool starting its workers;
 #: benchmarks/RESULTS.md).
 #: An engine core's case is an aggregate case whose worker exits by itself (not yet measured).
-#: A race case runs up to 24 decode stalls (`responses.single.RACE_TRIALS`) on one deployment:
+#: A race case runs up to 24 decode stalls (`policies.RACE_TRIALS`) on one deployment:
 #: a decode stall is 15-25 s here.
 TIMEOUTS = {
     "aggregate": 120.0, "decode": 345.0, "kv_transfer": 330.0, "load": 240.0, "guided": 120.0,
