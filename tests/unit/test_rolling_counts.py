@@ -98,9 +98,27 @@ def test_a_request_sent_while_a_drained_worker_was_listed_may_be_rerouted():
         ],
         drained_at={"w0": 3.0},
         unlisted_at={"w0": 4.0},
+        gone_at={"w0": 5.0},  # unlisted before it was gone: its hand-over could not go back
     )
     served = {"before": ["w1"], "during": ["w1"], "taken": ["w0", "w1"], "after": ["w1"]}
     assert maybe_rerouted(steady, served) == 1
+
+
+def test_a_hand_over_from_a_worker_gone_while_still_listed_may_be_rerouted_once():
+    """Measured on vLLM's CPU engine: a drained worker SIGKILLed at its bound 4 ms before the
+    frontend was seen to drop it; the request it held was counted moved twice (5 ongoing, 1 new
+    for 5 hand-overs). Only a hand-over away from a worker gone before it was unlisted may be."""
+    steady = SimpleNamespace(
+        sent=[sent(False, [], "raced", sent_at=1.0), sent(True, [], "later", sent_at=1.0)],
+        drained_at={"w0": 1.1, "w1": 20.0},
+        gone_at={"w0": 3.51, "w1": 21.0},
+        unlisted_at={"w0": 3.515, "w1": 21.9},
+    )
+    served = {"raced": ["w0", "w1", "w2"], "later": ["w1", "w2"]}
+    # raced: away from w0 (gone 3.51 < unlisted 3.515) and from w1 (21.0 < 21.9); later: w1
+    assert maybe_rerouted(steady, served) == 3
+    steady.gone_at = {"w0": 3.6, "w1": 22.0}  # each unlisted before it was gone: no reroute
+    assert maybe_rerouted(steady, served) == 0
 
 
 def drained_deployment(nominal_s):

@@ -15,6 +15,7 @@ request of its own and serves it; every gauge falls to 0. A drained worker that 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import uuid
@@ -65,6 +66,8 @@ class SteadyLoad:
     drained_at: dict[str, float] = field(default_factory=dict)
     #: When the frontend no longer listed each drained worker, by name.
     unlisted_at: dict[str, float] = field(default_factory=dict)
+    #: When each drained worker was gone (its drain over, or SIGKILLed at the bound), by name.
+    gone_at: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -213,6 +216,7 @@ def roll(
         steady.drained_at[worker.name] = time.monotonic()
         watched = load.VictimWatch([load.Held(n, inflight) for n, inflight in enumerate(held)])
         fault = recovery.send_fault(run, worker, watched, holding=len(held))
+        steady.gone_at[worker.name] = time.monotonic()
         run.lifecycle.left(run, worker, fault)
         # Until the frontend drops it, a request may be routed to it and moved; past the
         # lease bound of its SIGTERM the case fails.
@@ -432,14 +436,21 @@ def maybe_queued(steady: SteadyLoad, served: dict[str, list[str]]) -> int:
 
 
 def maybe_rerouted(steady: SteadyLoad, served: dict[str, list[str]]) -> int:
-    """The requests sent to the frontend while a drained worker was still listed whose logs do
-    not name that worker: each may have been routed to it, refused unlogged, and moved once."""
+    """The requests that may have been routed to a drained worker still listed, refused
+    unlogged, and moved once more: each sent to the frontend while one was listed whose log does
+    not name it; and each hand-over away from a worker that was gone before the frontend was
+    seen to drop it, whose re-issued request may have gone back to it (a race of the frontend's
+    listing and the worker's end: Dynamo 1.6.1 counted such a move as a `new_request` too)."""
     count = 0
     for inflight, _ in steady.sent:
         workers = served.get(str(inflight.request.request_id), [])
         count += any(
             began <= inflight.sent_at <= steady.unlisted_at.get(name, began) and name not in workers
             for name, began in steady.drained_at.items()
+        )
+        count += sum(
+            steady.gone_at.get(left, math.inf) < steady.unlisted_at.get(left, -math.inf)
+            for left in workers[:-1]
         )
     return count
 
@@ -449,16 +460,17 @@ def move_problems(
 ) -> list[str]:
     """The frontend's moves against the hand-overs in the workers' logs: one move each, of
     either kind, `new_request` only for a hand-over of a request that had streamed nothing
-    (`maybe_queued`); beyond them, at most one `new_request` for each request sent while a
-    drained worker was still listed (`maybe_rerouted`); each move a success, none failed,
+    (`maybe_queued`); beyond them, at most one `new_request` for each request sent, or handed
+    over, while a drained worker was still listed (`maybe_rerouted`); each move a success, none
+    failed,
     none over the sequence cap."""
     problems = []
     if not handovers <= counts.moves <= handovers + rerouted or counts.ongoing_request > handovers:
         problems.append(
             f"the frontend counted {counts.moves} moves (ongoing_request "
             f"{counts.ongoing_request}, new_request {counts.new_request}); the workers' logs "
-            f"show {handovers} hand-overs, and {rerouted} request(s) were sent while a drained "
-            f"worker was still listed"
+            f"show {handovers} hand-overs, and {rerouted} request(s) were sent, or handed over, "
+            f"while a drained worker was still listed"
         )
     if counts.new_request > queued + counts.moves - handovers:
         problems.append(
