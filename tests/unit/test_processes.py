@@ -2,10 +2,13 @@
 
 import signal
 import sys
+import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
+from handoff import faults
 from handoff.errors import HandoffError
 from handoff.machine.polling import Deadline, poll_until
 from handoff.machine.processes import ManagedProcess
@@ -172,4 +175,32 @@ def test_a_drain_signal_reaches_the_leader_alone_with_no_look_at_proc(tmp_path, 
     assert alive(child)
     monkeypatch.undo()
     process.kill()
+    assert process.wait_gone(Deadline(10)) == []
+
+
+def test_a_drains_bound_counts_from_its_sigterm_not_from_a_slow_listing(tmp_path, monkeypatch):
+    """The listing after the SIGTERM took seconds on a busy machine (measured: a rolling drain's
+    SIGKILL came 3.5 s past its 2 s bound, after its requests had ended): the bound the exit is
+    awaited within counts from the signal, so a listing longer than the bound leaves none."""
+    process = ManagedProcess("parent", PARENT, {"PATH": "/usr/bin:/bin"}, tmp_path / "p.log")
+    process.start()
+    holder = SimpleNamespace(name="parent", process=process)
+    tree, exited_within, left = process.tree, process.exited_within, []
+
+    def slow_tree():
+        if not left:  # the first listing, right after the SIGTERM: longer than the bound
+            time.sleep(0.6)  # stands for a machine slow to list, not a synchronisation
+        return tree()
+
+    def awaited(bound):
+        left.append(bound.remaining())
+        return exited_within(bound)
+
+    monkeypatch.setattr(process, "tree", slow_tree)
+    monkeypatch.setattr(process, "exited_within", awaited)
+    monkeypatch.setattr(process, "signal_leader", lambda sig: True)  # it drains on, unsignalled
+    watched = SimpleNamespace(finished=False)
+    report = faults.drain("graceful_shutdown", holder, watched, 0.5, False, Deadline(30))
+    assert report.signals == ("SIGTERM", "SIGKILL")
+    assert left and left[0] <= 0, left  # the bound had passed during the listing
     assert process.wait_gone(Deadline(10)) == []

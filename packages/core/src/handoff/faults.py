@@ -418,6 +418,9 @@ def drain(
             f"{holder.name} (pid {process.pid}) had ended before its SIGTERM, by itself: "
             f"exit code {process.exit_code()}"
         )
+    # The bound counts from the SIGTERM, never from after the listing below, which takes
+    # seconds on a busy machine: a SIGKILL that late would find the request ended.
+    bound = deadline.within(bound_s)
     process.tree()  # remember the descendants before the parent, draining, can orphan them
     drained = FaultReport(fault, holder.name, process.pid, ("SIGTERM",), False)
     drained = replace(drained, signalled_at=signalled_at, bound_s=bound_s, ends_itself=ends_itself)
@@ -428,7 +431,7 @@ def drain(
                 f"SIGTERM, its drain timeout {bound_s:g} s: {left}"
             )
         return replace(drained, response_done_at_kill=watched.finished)
-    if process.exited_within(deadline.within(bound_s)) and not process.tree():
+    if process.exited_within(bound) and not process.tree():
         return replace(drained, finished_in_grace=watched.finished)
     process.freeze(deadline.within(HOLDER_TIMEOUT_S))
     done_before = watched.finished
