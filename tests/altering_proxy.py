@@ -287,13 +287,22 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, state: Alterations) ->
             buffer += piece
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                for at, data in state.sends(event + b"\n\n", max_tokens):
+                for at, data in together(state.sends(event + b"\n\n", max_tokens), state):
                     time.sleep(max(0.0, at - time.monotonic()))  # pacing, not a wait on a state
                     heard = heard and sent(handler, b"%x\r\n%s\r\n" % (len(data), data), state)
         if buffer:
             heard = heard and sent(handler, b"%x\r\n%s\r\n" % (len(buffer), buffer), state)
         if heard:
             sent(handler, b"0\r\n\r\n", state)
+
+
+def together(sends: list[tuple[float, bytes]], state: Alterations) -> list[tuple[float, bytes]]:
+    """In `burst` mode, the frames sent back to back as one write: in the client's socket at
+    once, as the queue of a client that fell behind is (written one by one, a busy machine
+    spaced them out, and the client read them apart)."""
+    if state.mode != "burst" or len(sends) < 2:
+        return sends
+    return [(sends[0][0], b"".join(data for _, data in sends))]
 
 
 def sent(handler: BaseHTTPRequestHandler, data: bytes, state: Alterations) -> bool:
