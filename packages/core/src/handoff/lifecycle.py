@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -108,8 +108,6 @@ class Lifecycle:
     leaves_once_moved: bool = False
     #: LEAVES: what the frontend must count (`policies.Outcome`).
     outcome: Any = None
-    #: Detail a plugin's lifecycle may carry for its own stages.
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def silent(self) -> bool:
