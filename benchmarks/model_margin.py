@@ -90,7 +90,7 @@ def main() -> None:
         f"{TOLERANCE / widest:.1f}x it; least effect of a wrong context {least:.2e}: "
         f"{least / TOLERANCE:.1f}x the tolerance; smallest top-1 margin {smallest:.2f}"
     )
-    print(f"recipe: {tiny_model.HEAD}")
+    print(f"model: {tiny_model.ensure().name}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ and a fingerprint of the whole context in the other words' log-probabilities. It
 download, and the verdict compares every response with the rule's continuation and with
 handoff_vllm.fingerprint's log-probabilities, both computed by handoff outside the deployment.
 
-4 layers of 8 heads of 64: only layer 0 writes to the residual stream, the others only cost a
-real model's time per token. vLLM's CPU attention needs head_dim 64 or more; the size sets the
-pace (about 10 ms a token on two cores, as a small real model's). vLLM's linear RoPE cache
+4 layers of 8 query heads on 2 KV heads of 64: every layer's attention writes the context's
+fingerprint, only layer 0's MLP writes (the later ones cost a real model's time per token).
+vLLM's CPU attention needs head_dim 64 or more; the size sets the pace (about 10 ms a token on
+two cores, as a small real model's). vLLM's linear RoPE cache
 covers max_position_embeddings times the factor, so max_position_embeddings is the context
 divided by that factor.
 
@@ -37,16 +38,17 @@ from handoff_vllm.weights import Flavour
 NAME = "handoff-tiny-llama"
 #: How many log-probabilities a case asks of the model for each token (handoff_vllm.fingerprint).
 TOP_LOGPROBS = 5
-CONTEXT_TOKENS = 4096
+CONTEXT_TOKENS = weights.CONTEXT_TOKENS
 #: The fastest rotary pair turns by pi a position (vLLM and transformers divide positions by
 #: the factor).
-ROPE_FACTOR = 1 / math.pi
+ROPE_FACTOR = weights.ROPE_FACTOR
 CONFIG = {
     "hidden_size": weights.HIDDEN,
     "intermediate_size": weights.INTERMEDIATE,
-    "num_hidden_layers": 4,
+    "num_hidden_layers": weights.LAYERS,
     "num_attention_heads": weights.HEADS,
-    "num_key_value_heads": weights.HEADS,
+    "num_key_value_heads": weights.KV_HEADS,
+    "head_dim": weights.HEAD_DIM,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": math.ceil(CONTEXT_TOKENS / ROPE_FACTOR),
     "rope_parameters": {
@@ -58,12 +60,6 @@ CONFIG = {
     "eos_token_id": EOS_ID,
     "torch_dtype": "float32",
 }
-#: How the weights are built (part of the recipe's digest).
-HEAD = (
-    "handoff_vllm.weights: anchor parity and a context fingerprint, v2",
-    weights.QUERY_KEY, weights.GATE, weights.LOGIT,
-    list(weights.PRINT_PAIRS), weights.PRINT_LOGIT, weights.PARITY_QUERY,
-)  # fmt: skip
 MAKE_TIMEOUT_S = 300.0
 
 
@@ -71,14 +67,15 @@ FLAVOURS = {f.name: f for f in (weights.EXACT, weights.CLOSE)}
 
 
 def folder_for(seed: int, root: Path | None = None, flavour: Flavour = weights.EXACT) -> Path:
-    """Where the model of `seed` lives: named by a digest of the recipe, so a changed recipe
-    is a new folder and never a stale one (the exact flavour's digest is that of the recipe
-    before flavours, so its folder stays where it was)."""
-    fields = {"config": CONFIG, "seed": seed, "head": HEAD}
-    if flavour != weights.EXACT:
-        fields["flavour"] = dataclasses.asdict(flavour)
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
-    return (root or cache_root()) / "models" / f"{NAME}-{digest}"
+    """Where the model of `seed` lives: named by a digest of its configuration and of the
+    weights themselves, so a changed recipe is a new folder and never a stale one."""
+    digest = hashlib.sha256(json.dumps(CONFIG, sort_keys=True).encode())
+    recipe = weights.recipe(seed, flavour)
+    for array in (recipe.embed, *(a for x in recipe.layers for a in dataclasses.astuple(x))):
+        digest.update(array.tobytes())
+    for array in (recipe.gate, recipe.up, recipe.down, recipe.lm_head):
+        digest.update(array.tobytes())
+    return (root or cache_root()) / "models" / f"{NAME}-{digest.hexdigest()[:12]}"
 
 
 def ensure(seed: int = 0, root: Path | None = None, flavour: Flavour = weights.EXACT) -> Path:
@@ -120,21 +117,22 @@ def write(folder: Path, seed: int, flavour: Flavour = weights.EXACT) -> None:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32)
     recipe = weights.recipe(seed, flavour)
-    layer = model.model.layers[0]
+    first = model.model.layers[0].mlp
     places = {
         model.model.embed_tokens: recipe.embed,
-        layer.self_attn.q_proj: recipe.q,
-        layer.self_attn.k_proj: recipe.k,
-        layer.self_attn.v_proj: recipe.v,
-        layer.self_attn.o_proj: recipe.o,
-        layer.mlp.gate_proj: recipe.gate,
-        layer.mlp.up_proj: recipe.up,
-        layer.mlp.down_proj: recipe.down,
+        first.gate_proj: recipe.gate,
+        first.up_proj: recipe.up,
+        first.down_proj: recipe.down,
         model.lm_head: recipe.lm_head,
     }
+    for layer, written in zip(model.model.layers, recipe.layers, strict=True):
+        attention = layer.self_attn
+        places.update({
+            attention.q_proj: written.q, attention.k_proj: written.k,
+            attention.v_proj: written.v, attention.o_proj: written.o,
+        })  # fmt: skip
     with torch.no_grad():
-        for later in model.model.layers[1:]:  # only layer 0 writes to the residual stream
-            later.self_attn.o_proj.weight.zero_()
+        for later in model.model.layers[1:]:  # only layer 0's MLP writes to the residual stream
             later.mlp.down_proj.weight.zero_()
         for module, array in places.items():
             module.weight.copy_(torch.from_numpy(array))
