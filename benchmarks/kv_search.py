@@ -173,7 +173,9 @@ def search(draws: int, rng: np.random.Generator) -> dict[str, tuple[float, int, 
             if rng.random() < 0.5:
                 true = fingerprint.log_softmax(fingerprint.head_of(whole.out[n - 1 : n], w))
                 kind, given = wrong_context(t, rng)
-                shared = next((i for i, (a, b) in enumerate(zip(t, given)) if a != b), len(t))
+                shared = next(
+                    (i for i, (a, b) in enumerate(zip(t, given, strict=False)) if a != b), len(t)
+                )
                 made = fingerprint.continued(whole.cut(shared), tuple(given), w)
                 moved = effect(true, fingerprint.log_softmax(fingerprint.head_of(made.out[-1:], w)))
             else:

@@ -6,13 +6,15 @@ tests/vllm_cpu shows the same on the engine, end to end."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from perturbing_worker.perturbations import perturbations
 from test_vllm_cpu import on_cpu
 from wrong_contexts import pre_merge_requests
 
-from handoff_vllm import fingerprint
+from handoff_vllm import fingerprint, rule, weights
 from handoff_vllm.fingerprint import TOLERANCE, TOP_LOGPROBS
 
 #: Tokens generated before the move: early in a response, and well into it.
@@ -73,3 +75,89 @@ def test_every_wrong_context_departs_at_the_first_token_after_the_move(shapes, c
             found = fingerprint.departure(context, output, before + after)
             assert found is not None, f"{length}-token {api} prompt, {cut} generated: {name}"
             assert f"at token {cut + 1}" in found, (name, found)
+
+
+#: The longest context a pre-merge case reaches (the race's), and what is compared after a
+#: wrong KV cache: the next tokens' top log-probabilities.
+LONGEST, AFTER = 4066, 4
+
+
+@pytest.fixture(scope="module")
+def longest():
+    """A context of `LONGEST` tokens (the anchor, then seeded words) and its pass."""
+    rng = np.random.default_rng(7)
+    context = [rule.ANCHOR, *rng.integers(rule.FIRST_OUTPUT, 4096, LONGEST - 1).tolist()]
+    return context, fingerprint.forward(tuple(context))
+
+
+def moved_by(past: fingerprint.Pass, keys, values, following: list[int]) -> float:
+    """How far the top log-probabilities after each of `following` move when decoded after
+    `past`'s tokens with the KV cache `keys` and `values` instead of its own."""
+    w = weights.recipe(0)
+
+    def rows(cache: fingerprint.Pass) -> np.ndarray:
+        made = fingerprint.continued(cache, (*cache.tokens, *following), w)
+        return fingerprint.log_softmax(fingerprint.head_of(made.out[-len(following) :], w))
+
+    true = rows(past)
+    wrong = rows(replace(past, keys=tuple(keys), values=tuple(values)))
+    top = np.argsort(-true, axis=-1)[:, :TOP_LOGPROBS]
+    return float(np.abs(np.take_along_axis(wrong - true, top, -1)).max())
+
+
+@pytest.mark.parametrize("layer", range(weights.LAYERS))
+@pytest.mark.parametrize("head", range(weights.KV_HEADS))
+@pytest.mark.parametrize("how", ["another request's", "zeroed"])
+def test_one_block_of_any_layer_and_kv_head_moves_the_next_tokens(longest, layer, head, how):
+    """The first block of one layer's one KV head, at the longest context: 32 tokens of
+    4,066, as a transfer that got that slice wrong would leave them."""
+    context, whole = longest
+    past = whole.cut(LONGEST - AFTER)
+    keys, values = [k.copy() for k in past.keys], [v.copy() for v in past.values]
+    block = slice(32, 64)
+    for cache in (keys[layer], values[layer]):
+        cache[head, block] = 0.0 if how == "zeroed" else np.roll(cache[head], 1000, 0)[block]
+    assert moved_by(past, keys, values, context[-AFTER:]) > 3 * TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["the third token replaced", "the third and fifth tokens swapped", "the third token dropped"],
+)
+def test_a_token_changed_at_the_start_of_the_longest_context_moves_the_next_token(longest, name):
+    """4,063 tokens later, the effect has not faded: each token's share of a print head's
+    attention is about 1 / (e^SINK + n), not 1 / n."""
+    context, whole = longest
+    wrong = {
+        "the third token replaced": [*context[:2], context[2] + 1, *context[3:]],
+        "the third and fifth tokens swapped": [*context[:2], context[4], context[3], context[2],
+                                               *context[5:]],
+        "the third token dropped": context[:2] + context[3:],
+    }[name]  # fmt: skip
+    true = fingerprint.log_softmax(fingerprint.head_of(whole.out[-1:], weights.recipe(0)))[0]
+    given = fingerprint.logprobs(wrong, len(wrong) - 1)[-1]
+    top = np.argsort(-true)[:TOP_LOGPROBS]
+    assert np.abs(given[top] - true[top]).max() > 3 * TOLERANCE
+
+
+def test_a_pass_continued_is_the_pass_computed_whole(longest):
+    """What the reference keeps and continues (as an engine decodes from its KV cache) is
+    exact: the same as computing the context again from its first token."""
+    context, _ = longest
+    tokens = tuple(context[:300])
+    w = weights.recipe(0)
+    kept = fingerprint.continued(fingerprint.continued(None, tokens[:170], w), tokens, w)
+    whole = fingerprint.continued(None, tokens, w)
+    assert np.allclose(kept.out, whole.out, rtol=0, atol=1e-9)
+
+
+def test_the_sink_holds_no_value(longest):
+    """The anchor takes most of every print head's attention; its value there is 0 in every
+    layer (but layer 0's flag dimension, the anchor head's), so no rounding of it can move
+    the log-probabilities."""
+    _, whole = longest
+    for n, head in weights.PRINT_HEADS:
+        value = whole.values[n][head // weights.GROUP, 0].copy()
+        if (n, head // weights.GROUP) == (0, 0):
+            value[0] = 0.0
+        assert np.abs(value).max() < 1e-30, (n, head)

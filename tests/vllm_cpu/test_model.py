@@ -14,6 +14,7 @@ from wrong_contexts import WITHIN, perturbed, pre_merge_requests
 from handoff import continuity, word_tokenizer
 from handoff.client import Chunk, Response
 from handoff_vllm import fingerprint, rule, tiny_model
+from handoff_vllm.weights import CONTEXT_TOKENS, ROPE_FACTOR, ROPE_THETA
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +56,49 @@ def test_the_weights_give_the_rule_on_every_pre_merge_request(weights, requests_
         assert greedy(weights, context, 64) == output[:64], name
 
 
-def test_the_weights_compute_what_handoff_computes_within_a_tenth_of_the_tolerance(
-    weights, requests_
-):
-    """transformers, float32, on the weights as written, against handoff_vllm.fingerprint:
-    the log-probabilities the verdict judges, not only the top token."""
+def transformers_angles(positions):
+    """The rotary angles as transformers computes them: the inverse frequency divided by the
+    linear factor first, then times the position, in float32 (vLLM divides the position;
+    the last bits differ, and the print heads read them)."""
     import torch
+
+    exponents = torch.arange(0, 64, 2, dtype=torch.int64).float() / 64
+    inverse = (1.0 / (ROPE_THETA**exponents)).float() / ROPE_FACTOR
+    return (torch.tensor(positions, dtype=torch.float32)[:, None] * inverse[None]).double().numpy()
+
+
+def test_the_reference_turns_rotary_pairs_by_the_engines_own_angles():
+    """Every angle of vLLM's cos/sin table (the one its workers build for this model) is the
+    reference's (fingerprint.angles) to float32's last bit."""
+    import math
+
+    import numpy as np
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
+        LinearScalingRotaryEmbedding,
+    )
+
+    longest = math.ceil(CONTEXT_TOKENS / ROPE_FACTOR)
+    with set_current_vllm_config(VllmConfig()):
+        table = LinearScalingRotaryEmbedding(
+            64, 64, longest, ROPE_THETA, True, ROPE_FACTOR, torch.float32
+        ).cos_sin_cache.numpy()
+    angle = fingerprint.angles(np.arange(len(table)))
+    assert np.abs(np.cos(angle) - table[:, :32]).max() < 1e-6
+    assert np.abs(np.sin(angle) - table[:, 32:]).max() < 1e-6
+
+
+def test_the_weights_compute_what_handoff_computes_within_a_tenth_of_the_tolerance(
+    weights, requests_, monkeypatch
+):
+    """transformers, float32, on the weights as written, against handoff_vllm.fingerprint
+    turning rotary pairs by transformers' angles: the log-probabilities the verdict judges,
+    not only the top token."""
+    import torch
+
+    monkeypatch.setattr(fingerprint, "angles", transformers_angles)
+    monkeypatch.setattr(fingerprint, "_passes", {})  # none computed with the engine's angles
 
     for name, context, output in requests_:
         tokens = context + output[:255]

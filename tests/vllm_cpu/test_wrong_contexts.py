@@ -91,6 +91,26 @@ def test_a_successor_whose_first_token_lacks_its_log_probabilities_fails_by_the_
     assert counts and int(counts[2]) - int(counts[1]) == 1, reasons
 
 
+@pytest.mark.parametrize(
+    ("case", "name"),
+    [(STOPPED, "two prompt tokens swapped"), (STOPPED_LATER, "a prompt token replaced")],
+    ids=["stop", "min_tokens"],
+)
+def test_a_wrong_context_whose_text_is_right_fails_a_stop_case_by_its_log_probabilities(
+    vllm_cpu, tmp_path, case, name
+):
+    """The rule reads the last token and the parity of distances alone: the successor given
+    this context writes the owed words, so the text, the stop strings' matches, the finish and
+    the count are all as owed. The log-probabilities of its tokens, those of the string the
+    frontend held back among them, are not."""
+    reasons = run_wrong(vllm_cpu, tmp_path, case, name)
+    departs = re.search(
+        r"the log-probabilities depart from the reference at token (\d+): ", reasons
+    )
+    assert departs and int(departs[1]) > 1, reasons  # after the move: the tokens before it held
+    assert "the text departs" not in reasons and "finish_reason" not in reasons, reasons
+
+
 def test_a_successor_whose_first_word_is_wrong_fails_a_min_tokens_case_by_its_text(
     vllm_cpu, tmp_path
 ):

@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from handoff import continuity, faults, metrics
+from handoff import faults, metrics
 from handoff.backend import Backend, Shape, Worker
 from handoff.cases import Case, topology
 from handoff.client import InFlight, Request, Response
@@ -19,7 +19,7 @@ from handoff.history import History
 from handoff.machine import worker_logs
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.policies import expected_outcome, known_defect
-from handoff.responses import recovery
+from handoff.responses import evidence, recovery
 from handoff.responses.waits import (
     CLIENT_GRACE_S,
     REFERENCE,
@@ -101,6 +101,7 @@ class Leaving:
         self.request = Request(
             case.api, True, deployment.model.name, shape.prompt, shape.max_tokens,
             request_id=str(uuid.uuid4()), annotations=shape.annotations,
+            top_logprobs=deployment.backend.top_logprobs(case),
         )  # fmt: skip
         role = topology(case.topology).target_role
         self.targets = [w for w in deployment.workers if w.role == role]
@@ -225,13 +226,12 @@ class Leaving:
 def delivered_problems(
     backend: Backend, case: Case, shape: Shape, request: Request, response: Response
 ) -> list[str]:
-    """What the client read before it left must be true (`continuity.delivered`): the
-    beginning of the backend's reference where it computes one, each worker's run unbroken
-    where the tokens name their worker."""
-    return continuity.delivered(
-        response, backend.output_tokens, backend.reference(case.api, shape), REFERENCE,
-        ids=backend.output_token_ids, origin=backend.token_origin if request.annotated else None,
-    ).problems  # fmt: skip
+    """What the client read before it left must be true, as any response cut before its end
+    (`evidence.checked_content`): the beginning of the backend's reference where it computes
+    one, each worker's run unbroken where the tokens name their worker, and each token's
+    log-probabilities where the backend judges them."""
+    owed = evidence.owing(backend, request, shape, (backend.reference(case.api, shape), REFERENCE))
+    return evidence.checked_content(request, response, owed, False, backend, lambda: None).problems
 
 
 class MoveWatch:

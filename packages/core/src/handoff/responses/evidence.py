@@ -80,13 +80,14 @@ def checked_content(
 ) -> continuity.Continuity:
     """A response that `completes` by its promise, and did, judged whole (`content`), with the
     re-issued context that `moved` gives where it moved; any other by what it delivered before
-    its end (`continuity.delivered`)."""
+    its end (`continuity.delivered`), each token it delivered by its log-probabilities too."""
     if completes and response.status == 200 and response.error is None:
         return content(request, response, owed, backend, moved())
     found = continuity.delivered(
         response, backend.output_tokens, owed.text, owed.compared_with,
         ids=backend.output_token_ids, origin=backend.token_origin if request.annotated else None,
     )  # fmt: skip
+    found.problems += told_logprobs(request, response, owed, backend, completed=False)
     if request.guide is not None and not backend.decodes_guides:
         found.notes.append(guide_unchecked(backend))
     return found
@@ -99,25 +100,25 @@ def content(
     backend: Backend,
     migration: continuity.Migration | None,
 ) -> continuity.Continuity:
-    """A completed response's tokens, its text against what it owes, its guide, and after a
-    move its re-issued context; a stop request's by its own rule (`stops.check`)."""
+    """A completed response's tokens, its text against what it owes (a stop request's by its
+    own rule: `stops.check`), every token's log-probabilities, its guide, and after a move its
+    re-issued context."""
     if request.stop is not None:
-        return stops.check(request, response, owed.text, owed.compared_with, migration)
-    kept = continuity.check(
-        response,
-        request.max_tokens,
-        backend.output_tokens,
-        baseline=owed.text,
-        why_no_baseline=backend.nondeterministic_because,
-        compared_with=owed.compared_with,
-        one_token_per_frame=backend.one_token_per_frame,
-        migration=migration,
-        ids=backend.output_token_ids,
-        origin=backend.token_origin if request.annotated else None,
-    )
-    if owed.logprobs is not None:
-        received = backend.output_tokens(response.text)
-        kept.problems += logprob_problems(response, request.top_logprobs, owed.logprobs, received)
+        kept = stops.check(request, response, owed.text, owed.compared_with, migration)
+    else:
+        kept = continuity.check(
+            response,
+            request.max_tokens,
+            backend.output_tokens,
+            baseline=owed.text,
+            why_no_baseline=backend.nondeterministic_because,
+            compared_with=owed.compared_with,
+            one_token_per_frame=backend.one_token_per_frame,
+            migration=migration,
+            ids=backend.output_token_ids,
+            origin=backend.token_origin if request.annotated else None,
+        )
+    kept.problems += told_logprobs(request, response, owed, backend, completed=True)
     if owed.sampled is not None:
         sampled.check(kept, response, owed.text, owed.sampled, migration)
     if request.guide is not None and not backend.decodes_guides:
@@ -127,18 +128,45 @@ def content(
     return kept
 
 
-def logprob_problems(
-    response: Response, asked: int, judge: LogprobJudge, received: int | None
+def told_logprobs(
+    request: Request, response: Response, owed: Owed, backend: Backend, completed: bool
 ) -> list[str]:
-    """Where the response's log-probabilities depart from the backend's computation; a response
-    that carries none, though asked, or carries them for other than the `received` tokens (where
-    the backend counts them), fails: a reading that is missing is no agreement."""
+    """Every token the client was told of, judged by its log-probabilities where the request
+    asked (`logprob_problems`): a `completed` response's with the stop string the frontend held
+    back at its end (`stops.held_back`); a cut one's, those it delivered, where it delivered
+    any. A stop request cut inside its string has entries for the tokens held back there, whose
+    words the client was never told: the count then fails, as the response already does."""
+    if owed.logprobs is None or not (completed or response.text):
+        return []
+    held = stops.held_back(request, response) if completed else ""
+    count = backend.output_tokens
+    return logprob_problems(response, request.top_logprobs, owed.logprobs, count, held)
+
+
+def logprob_problems(
+    response: Response,
+    asked: int,
+    judge: LogprobJudge,
+    count: continuity.TokenCounter,
+    held: str = "",
+) -> list[str]:
+    """Where the response's log-probabilities depart from the backend's computation, judged
+    after its text and `held`, what the frontend held back of it (a stop string: Dynamo sends
+    the log-probabilities of its tokens, not their text). A response that carries none, though
+    asked, or carries them for other than those tokens (where `count` counts them), fails: a
+    reading that is missing is no agreement."""
     observed = response.top_logprobs
     if observed is None:
         return [f"the response carries no log-probabilities; the request asked for {asked}"]
-    if received is not None and len(observed) != received:
-        return [f"{len(observed)} tokens carry log-probabilities; the client received {received}"]
-    departure = judge(observed, response.text)
+    text = response.text + held
+    if (told := count(text)) is not None and len(observed) != told:
+        shown = count(response.text) or 0
+        held_back = f" and {told - shown} held back in its stop string" if held else ""
+        return [
+            f"{len(observed)} tokens carry log-probabilities; the client received {shown}"
+            f"{held_back}"
+        ]
+    departure = judge(observed, text)
     return [departure] if departure else []
 
 

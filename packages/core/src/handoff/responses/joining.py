@@ -160,9 +160,9 @@ class Joiner:
             return problems, []
         if self.taken is not None and self.taken[1] < last_end:
             probe = self.taken[0]
-            expected = recovery.probe_reference(self.deployment, probe.request, shape, history)
+            owed = recovery.probe_reference(self.deployment, probe.request, shape, history)
             return problems + recovery.served_problems(
-                self.deployment, self.worker, probe.request, probe.response, 0, expected,
+                self.deployment, self.worker, probe.request, probe.response, 0, owed,
                 recovery.JOINED,
             ), []  # fmt: skip
         late = (

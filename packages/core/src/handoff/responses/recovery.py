@@ -23,6 +23,7 @@ from handoff.lifecycle import Lifecycle
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import receipts, received
 from handoff.policies import SERVICE_UNAVAILABLE
+from handoff.responses import evidence
 from handoff.responses.waits import BROKER_REQUEST_TIMEOUT_S, CaseRun, reference_text
 from handoff.verdict import carries, completion_problems
 
@@ -286,7 +287,7 @@ def rejoin_problems(
     must pass the verdict as a case's own would (`served_problems`). `shape` (the case's)
     gives the backend's reference for it."""
     started = time.monotonic()
-    expected = probe_reference(deployment, short(request), shape, history)
+    owed = probe_reference(deployment, short(request), shape, history)
     url, model = deployment.base_url + "/metrics", deployment.model.name
     counts = [metrics.MigrationCounts.read(url, model)]
 
@@ -304,7 +305,7 @@ def rejoin_problems(
         )  # fmt: skip
     except Timeout as exc:
         return [unrejoined(deployment, holder, exc, who, ended)]
-    problems = served_problems(deployment, holder, probe, response, moves, expected, who)
+    problems = served_problems(deployment, holder, probe, response, moves, owed, who)
     history.record(
         "worker_rejoined", worker=holder.name, requests=len(sent), request_id=probe.request_id,
         response=response.summary(), moves=moves, problems=problems,
@@ -320,12 +321,14 @@ def received_ids(worker: Worker) -> set[str]:
 
 def probe_reference(
     deployment: Deployment, probe: Request, shape: Shape, history: History
-) -> tuple[str | None, str]:
-    """What a probe must give, and what that is called (`waits.reference_text`): the backend's
-    reference for the case's `shape` cut to the probe's length, else a deterministic backend's
-    undisturbed baseline of the probe, else nothing."""
+) -> evidence.Owed:
+    """What a probe owes (`evidence.owing`): the backend's reference for the case's `shape` cut
+    to the probe's length, else a deterministic backend's undisturbed baseline of the probe,
+    else nothing (`waits.reference_text`); and the judge of its log-probabilities, which it
+    asks for as the case's request does."""
     cut = replace(shape, max_tokens=probe.max_tokens)
-    return reference_text(deployment, probe.api, cut, probe, Deadline(REJOIN_BOUND_S), history)
+    text = reference_text(deployment, probe.api, cut, probe, Deadline(REJOIN_BOUND_S), history)
+    return evidence.owing(deployment.backend, probe, cut, text)
 
 
 def served_problems(
@@ -334,27 +337,28 @@ def served_problems(
     probe: Request,
     response: Response,
     moves: int,
-    expected: tuple[str | None, str],
+    owed: evidence.Owed,
     who: str = HEALED,
 ) -> list[str]:
     """The request the worker took (healed, or one that joined: `who`), judged as a case's
     own: complete, at its full length, with no error frame (`verdict.completion_problems`), its
-    text the reference's where there is one (`continuity.check`), and served by the worker
-    alone: a request it failed that the frontend moved elsewhere completes too, but the
-    frontend counts the move (`moves`, where known) and another worker of its role logs it."""
+    text what it owes where that is known (`continuity.check`), each token's log-probabilities
+    where the backend judges them (`evidence.told_logprobs`), and served by the worker alone: a
+    request it failed that the frontend moved elsewhere completes too, but the frontend counts
+    the move (`moves`, where known) and another worker of its role logs it."""
     backend = deployment.backend
     problems = completion_problems(response, REJOIN_TOKENS)
     if not problems:
-        text, compared_with = expected
         problems = continuity.check(
             response,
             REJOIN_TOKENS,
             backend.output_tokens,
-            baseline=text,
+            baseline=owed.text,
             why_no_baseline=backend.nondeterministic_because,
-            compared_with=compared_with,
+            compared_with=owed.compared_with,
             one_token_per_frame=backend.one_token_per_frame,
         ).problems
+        problems += evidence.told_logprobs(probe, response, owed, backend, completed=True)
     if moves and not problems:
         problems.append(
             f"it completed, but the frontend counted {moves} migration(s) of it: "

@@ -251,9 +251,6 @@ def race_premise(case: Case, planned: Planned, sent: Sent, settings: Settings) -
     ]
 
 
-#: Requests that ask for no log-probabilities: several choices, and a stop string's, whose
-#: tokens inside the string never reach the client.
-CHOICES_OR_STOPS = ("choices", *STOPS)
 #: The prompts a sampling case tries for one whose reference is decided (`decided`): one in six
 #: of handoff's close model's prompts has a close call somewhere in 64 tokens.
 SAMPLING_PROMPTS = 8
@@ -290,8 +287,9 @@ def plan(
         case.api, case.response == "stream", deployment.model_name, shape.prompt,
         shape.max_tokens, guide=shape.guide,
         choices=CHOICES if where.request == "choices" else 1,
-        # A stop request's tokens inside its string are held back from the client.
-        top_logprobs=backend.top_logprobs(case) if where.request not in CHOICES_OR_STOPS else 0,
+        # Two choices' frames interleave in one stream, which the client reads as one text:
+        # they owe no text (`evidence.NO_TEXT`), and no one choice's tokens are there to judge.
+        top_logprobs=backend.top_logprobs(case) if where.request != "choices" else 0,
         annotations=shape.annotations, sampling=shape.sampling or DEFAULT_SAMPLING,
     )  # fmt: skip
     pace = None

@@ -6,7 +6,9 @@ one's start, so the user sees only the text before the string. Across the move, 
 the new worker generates is inside the string, and the match completing, at the count its end
 gives, is what shows they were right; after it, the new worker's tokens before the string are
 compared too. The move must fall where the case says (inside the match, or before the string),
-or the case proves nothing of it: that is "not proven", never a pass.
+or the case proves nothing of it: that is "not proven", never a pass. Every token's
+log-probabilities, the string's held back too (`held_back`), tell whether the engine continued
+the true context (responses.evidence), which the text alone cannot.
 """
 
 from __future__ import annotations
@@ -76,6 +78,19 @@ def owed_before(reference: tuple[str | None, str], stop: Stop) -> tuple[str | No
     if stop.text not in text:
         raise HandoffError(f"the stop string is not in {name}: {stop.text[:40]!r}...")
     return text[: text.index(stop.text)], f"{name} before its stop string"
+
+
+def held_back(request: Request, response: Response) -> str:
+    """What the frontend held back of a response that ended at its stop string (finish
+    "stop"): that string. Dynamo 1.6.1 gives the client the text before it, with the space
+    that parts them, and every token's log-probabilities, the string's included (in frames of
+    no text, or in the last that has some; measured on vLLM's CPU engine), so those tokens are
+    judged too (`evidence.told_logprobs`). A response that ran on to its length was given its
+    whole text: nothing held. One that ended at another string than owed fails by its text and
+    count; judged after the owed one, its log-probabilities depart there too."""
+    if request.stop is None or response.finish_reason != "stop":
+        return ""
+    return request.stop.text
 
 
 def check(
