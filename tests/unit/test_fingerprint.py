@@ -7,6 +7,7 @@ tests/vllm_cpu shows the same on the engine, end to end."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from handoff_vllm.fingerprint import TOLERANCE, TOP_LOGPROBS
 
 #: Tokens generated before the move: early in a response, and well into it.
 CUTS = (8, 300)
+#: The rule's token leads every other word by more than this many logits.
+MARGIN = 10
 
 
 def tops(rows: np.ndarray) -> list[dict[int, float]]:
@@ -36,10 +39,33 @@ def shapes():
     return list(found.items())
 
 
-def test_the_computed_top_token_is_the_rules(shapes):
+def test_the_computed_top_token_is_the_rules_by_over_ten_logits(shapes):
+    """The margin docs/cases.md gives: the rule's token over the next best word."""
     for (_, api), (context, output) in shapes:
         rows = fingerprint.logprobs(context + output[:399], len(context) - 1)
         assert rows.argmax(-1).tolist() == output[:400], api
+        ranked = np.sort(rows, axis=-1)
+        assert (ranked[:, -1] - ranked[:, -2]).min() > MARGIN, api
+
+
+def test_the_pages_figures_are_the_models():
+    """What docs/cases.md says of the model, read from its definition."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cases.md").read_text()
+    page = " ".join(page.split())
+    held = weights.LAYERS * 2 * weights.KV_HEADS * weights.HEAD_DIM
+    figures = [
+        f"each of the model's {weights.LAYERS * weights.KV_HEADS} KV heads ({weights.LAYERS} "
+        f"layers, {weights.KV_HEADS} KV heads each)",
+        f"e^{weights.SINK:g} times any token's share over every distance up to "
+        f"{weights.CONTEXT_TOKENS:,} (a fit of the six slowest rotary pairs)",
+        f"KV cache ({held:,}: {weights.LAYERS} layers, keys and values, {weights.KV_HEADS} KV "
+        f"heads, {weights.HEAD_DIM} dimensions)",
+        f"more than {TOLERANCE:.0e}".replace("e-0", "e-") + " from the computation",
+        f"by a margin of over {MARGIN} logits",
+    ]
+    assert len(weights.SINK_PAIRS) == 6 and weights.SINK_PAIRS[-1] == weights.HEAD_DIM // 2 - 1
+    for figure in figures:
+        assert figure in page, figure
 
 
 def test_the_reference_itself_passes_and_a_nudge_past_the_tolerance_fails(shapes):

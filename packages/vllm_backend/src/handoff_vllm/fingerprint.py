@@ -24,8 +24,9 @@ from handoff_vllm.tiny_model import TOP_LOGPROBS
 from handoff_vllm.weights import GROUP, HEAD_DIM, HEADS, RMS_EPS
 
 #: How far the engine's log-probabilities may be from this computation: over ten times the largest
-#: difference benchmarks/model_margin.py measured between vLLM's CPU engine and it.
-TOLERANCE = 7e-4
+#: difference benchmarks/model_margin.py measured between vLLM's CPU engine and it, on either
+#: model (benchmarks/RESULTS.md).
+TOLERANCE = 1e-3
 #: How many computed contexts are kept to continue from, per model.
 KEPT = 6
 #: Query rows computed at once (bounds the memory of one score matrix).

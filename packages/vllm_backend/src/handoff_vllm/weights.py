@@ -23,7 +23,7 @@ token's code, a random +1/-1 vector.
   1 / (e^SINK + n) at a context of n: a sum more than an average, so one token's weight does
   not fade as the context grows. Every key and every value a token holds in every layer and
   head therefore moves the thirteen fingerprint dimensions, which move every word's logit by
-  a little, against a decision margin of over 15: the top token stays the rule's, while the
+  a little, against a decision margin of over 10: the top token stays the rule's, while the
   log-probabilities of the others are a fingerprint of every token of the context, in order,
   and of every value of its KV cache (benchmarks/kv_search.py measures how far).
 """
@@ -87,7 +87,7 @@ class Flavour:
     returning: bool = False
 
 
-#: The model every case serves but the sampling ones: the rule's token leads by over 15 logits.
+#: The model every case serves but the sampling ones: the rule's token leads by over 10 logits.
 EXACT = Flavour("exact", LOGIT)
 #: The sampling cases' model (cases.SAMPLINGS): the rule's token leads by about the penalties'
 #: size, within the fingerprint's spread, and its outputs repeat, so a penalty on repeats or a
