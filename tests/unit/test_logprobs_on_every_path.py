@@ -157,23 +157,27 @@ def test_a_held_back_tokens_log_probabilities_are_judged_too(path):
     )
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_token_without_its_log_probabilities_fails_by_the_count(path):
-    tokens, respond, check = PATHS[path]()
-    response = respond(tops(CONTEXT, tokens))
+def one_entry_lost(response) -> None:
     carrying = [c for c in response.chunks if c.top_logprobs]
     carrying[-1].choice["logprobs"]["top_logprobs"].pop()
-    problem = only(check(response))
-    assert problem.startswith(
-        f"{len(tokens) - 1} tokens carry log-probabilities; the client received "
-    )
+
+
+def every_entry_lost(response) -> None:
+    for chunk in response.chunks:
+        chunk.choice.pop("logprobs", None)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_response_without_log_probabilities_fails(path):
+@pytest.mark.parametrize(
+    ("lose", "expected"),
+    [
+        (one_entry_lost, "{carried} tokens carry log-probabilities; the client received "),
+        (every_entry_lost, "the response carries no log-probabilities; the request asked for 5"),
+    ],
+)
+def test_log_probabilities_missing_fail_by_name(path, lose, expected):
+    """A reading that is missing is no agreement: one token's, or all of them."""
     tokens, respond, check = PATHS[path]()
     response = respond(tops(CONTEXT, tokens))
-    for chunk in response.chunks:
-        chunk.choice.pop("logprobs", None)
-    problem = only(check(response))
-    assert problem == "the response carries no log-probabilities; the request asked for 5"
+    lose(response)
+    assert only(check(response)).startswith(expected.format(carried=len(tokens) - 1))

@@ -6,8 +6,10 @@ test did not compute.
 The rule: every prompt opens with the anchor word (`ANCHOR`, t1), which the model never
 outputs. The next token after the last token `x` of the context is `after_even[x]` when `x`
 stands an even number of positions after the anchor, else `after_odd[x]` (also when the
-context holds no anchor). The two successor maps are permutations of the output words, drawn
-from the seed, that never agree and never map a word to itself. So the continuation depends on
+context holds no anchor, where the weights may give another word still: without the anchor,
+their sink, the context's fingerprint can overtake the rule in a short context). The two
+successor maps are permutations of the output words, drawn from the seed, that never agree and
+never map a word to itself. So the continuation depends on
 the last token, on the anchor's presence and on the count of every token between the anchor
 and the end: a context that lost its prompt, lost or gained one token anywhere after the
 anchor, or rendered the chat template twice, continues differently within two tokens. A token
