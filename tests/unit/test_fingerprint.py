@@ -15,7 +15,7 @@ from perturbing_worker.perturbations import perturbations
 from test_vllm_cpu import on_cpu
 from wrong_contexts import pre_merge_requests
 
-from handoff_vllm import fingerprint, rule, weights
+from handoff_vllm import cpu, fingerprint, rule, weights
 from handoff_vllm.fingerprint import TOLERANCE, TOP_LOGPROBS
 
 #: Tokens generated before the move: early in a response, and well into it.
@@ -187,3 +187,25 @@ def test_the_sink_holds_no_value(longest):
         if (n, head // weights.GROUP) == (0, 0):
             value[0] = 0.0
         assert np.abs(value).max() < 1e-30, (n, head)
+
+
+def test_a_guided_response_is_judged_under_the_guides_mask(shapes):
+    """vLLM returns a guided request's log-probabilities under the guide's mask: the opening
+    word certain (0), the rest renormalised over the output words. The judge computes them so:
+    the engine's answer passes; the unmasked computation, and a masked word carrying
+    probability, fail by name."""
+    (_, _), (context, _) = shapes[0]
+    output = [cpu.GUIDE_OPENING, *rule.continuation([*context, cpu.GUIDE_OPENING], 20)]
+    rows = fingerprint.logprobs(context + output[:-1], len(context) - 1)
+    engine = [fingerprint.masked(row, cpu.admitted_by_guide(at)) for at, row in enumerate(rows)]
+    answer = tops(np.array(engine))
+    answer[0] = {cpu.GUIDE_OPENING: 0.0, **dict.fromkeys(range(6, 10), float("-inf"))}
+
+    def judged(observed):
+        return fingerprint.departure(context, output, observed, admitted=cpu.admitted_by_guide)
+
+    assert judged(answer) is None
+    assert "at token 1: t5 " in fingerprint.departure(context, output, answer)
+    leaked = [dict(top) for top in answer]
+    leaked[0][6] = -2.0
+    assert judged(leaked) == "t6 carries -2.0 at token 1, which the guide masked"

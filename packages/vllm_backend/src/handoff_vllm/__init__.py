@@ -324,7 +324,8 @@ class VllmBackend(DynamoGpuBackend):
         departs from it (a sampling case's successor that began its penalties afresh) is still
         shown to have continued its true context. A word outside the computed top is allowed
         where the reference has it (the guide's opening word), and, for a sampling request, the
-        word received (the drawn or penalised one)."""
+        word received (the drawn or penalised one). A guided request's are computed under the
+        guide's mask, as vLLM returns them (`cpu.admitted_by_guide`)."""
         if not self.builds_model:
             return None
         context, owed = self.reference_tokens(api, shape)
@@ -345,7 +346,8 @@ class VllmBackend(DynamoGpuBackend):
             from handoff_vllm import fingerprint  # numpy: only where a response is judged
 
             allowed = output if shape.sampling is not None else owed
-            return fingerprint.departure(context, output, by_id, flavour, allowed)
+            guided = cpu.admitted_by_guide if shape.guide is not None else None
+            return fingerprint.departure(context, output, by_id, flavour, allowed, guided)
 
         return judge
 

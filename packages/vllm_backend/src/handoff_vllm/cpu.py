@@ -35,10 +35,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from handoff import word_tokenizer
 from handoff.cases import SAMPLINGS
 from handoff.client import Guide
 from handoff.gpu_backend import DISCOVERY_ON_THE_MOCKER
 from handoff.machine.services import LOOPBACK
+from handoff_vllm import rule
 
 BLOCK_TOKENS = 32
 KV_CACHE_GIB = 1
@@ -153,6 +155,15 @@ NOT_RUN = {
 #: the request over would restart the guide and give the opening word again, mid-output.
 GUIDE_OPENING = 5
 GUIDE = Guide(regex=rf"( ?t{GUIDE_OPENING})( ?t[1-9][0-9]{{2,3}})+")
+
+
+def admitted_by_guide(at: int) -> list[int]:
+    """The words `GUIDE` admits at output token `at`: its opening word, then any output word
+    (t100 and above). vLLM returns the log-probabilities of a guided request under the guide's
+    mask: the opening word certain, the others renormalised over these."""
+    return [GUIDE_OPENING] if at == 0 else list(range(rule.FIRST_OUTPUT, word_tokenizer.WORDS))
+
+
 #: The KV cap marker's value: the bytes vLLM is given for KV on each worker.
 KV_CACHE_BYTES = KV_CACHE_GIB * 2**30
 #: Per topology, 3x the longest case of the pre-merge selection on warm pools on a 2-core

@@ -14,6 +14,7 @@ that asks after every token pays for one token each time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -203,27 +204,37 @@ def reference(
     return rows
 
 
+#: A received log-probability at or below this carries no probability (a word a guide masked).
+NONE_LEFT = -1e3
+
+
 def departure(
     context: list[int],
     output: list[int],
     observed: list[dict[int, float]],
     flavour: weights.Flavour = weights.EXACT,
     owed: list[int] | None = None,
+    admitted: Callable[[int], np.ndarray] | None = None,
 ) -> str | None:
     """Where the top log-probabilities `observed` for each token of `output` (generated after
     `context`) first depart from this computation by more than `TOLERANCE`, or leave out a
     word that is in the computed top; None where none does. A word outside the computed top
     is allowed only where `owed` (by default `output`) has it: the drawn one. More entries
     than `output` has tokens depart too (fewer are the response's own count to judge:
-    evidence.logprob_problems)."""
+    evidence.logprob_problems). Under a guide, the engine returns its log-probabilities over
+    the words the guide `admitted` at each token, renormalised: so are the computed ones, and
+    a word it masked must carry none."""
     owed = output if owed is None else owed
     if len(observed) > len(output):
         return f"{len(observed)} tokens carry log-probabilities; the reference has {len(output)}"
     expected = reference(tuple(context + output[: len(observed) - 1]), len(context) - 1, flavour)
     for at, (seen, row) in enumerate(zip(observed, expected, strict=True)):
+        row = row if admitted is None else masked(row, admitted(at))
         floor = np.sort(row)[-TOP_LOGPROBS]
         for token, value in seen.items():
-            if abs(value - row[token]) > TOLERANCE:
+            if row[token] == -np.inf and not (value is None or value <= NONE_LEFT):
+                return f"t{token} carries {value} at token {at + 1}, which the guide masked"
+            if row[token] != -np.inf and abs(value - row[token]) > TOLERANCE:
                 return (
                     f"the log-probabilities depart from the reference at token {at + 1}: "
                     f"t{token} {value:.6f} received, {row[token]:.6f} computed "
@@ -232,6 +243,13 @@ def departure(
             drawn = at < len(owed) and token == owed[at]
             if row[token] < floor - TOLERANCE and not drawn:
                 return f"t{token} is not among the computed top {TOP_LOGPROBS} at token {at + 1}"
-        if len(seen) < TOP_LOGPROBS:
+        if len(seen) < min(TOP_LOGPROBS, int(np.isfinite(row).sum())):
             return f"token {at + 1} carries {len(seen)} log-probabilities, {TOP_LOGPROBS} asked"
     return None
+
+
+def masked(row: np.ndarray, admitted: np.ndarray) -> np.ndarray:
+    """`row`'s log-probabilities renormalised over the `admitted` words; -inf elsewhere."""
+    kept = np.full_like(row, -np.inf)
+    kept[admitted] = log_softmax(row[admitted])
+    return kept
