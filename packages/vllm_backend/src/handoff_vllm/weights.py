@@ -58,13 +58,13 @@ QUERY_KEY, GATE, LOGIT = 16.0, 60.0, 40.0
 PRINT_HEADS = ((0, 1), (0, GROUP), *((n, h) for n in range(1, LAYERS) for h in (0, GROUP)))
 #: A print head's score of a token: its spread (standard deviation) over tokens and positions,
 #: and the size of its query on each rotary pair the sink does not stand on.
-SCORE_SPREAD, QUERY_PAIR = 0.9, 8.0
+SCORE_SPREAD, QUERY_PAIR = 0.9, 16.0
 #: The sink: its score, the slow rotary pairs it stands on, the anchor's key there, and the
 #: ridge of the fit that keeps its query small (`sink_query`).
 SINK, SINK_PAIRS, SINK_KEY, SINK_RIDGE = 7.5, range(26, HEAD_DIM // 2), 2.0, 1e-4
 #: A print head's values, and the scale of what its output head writes and of what the
 #: fingerprint dimensions add to each logit.
-VALUE, PRINT_GAIN, PRINT_LOGIT = 1.0, 2.0, 4.0
+VALUE, PRINT_GAIN, PRINT_LOGIT = 1.0, 1.0, 4.0
 #: How much of the anchor's flag (value dimension 0 of layer 0's KV head 0, which the sink
 #: holds almost all of the attention on) print head (0, 1) writes, against its other values.
 FLAG_READ = 1 / 4
@@ -94,7 +94,7 @@ EXACT = Flavour("exact", LOGIT)
 #: draw at a temperature changes them at almost every token. What it outputs is computed whole
 #: (handoff_vllm.sampling); the scale is the one at which a successor counting its penalties
 #: afresh gives another text after almost any number of tokens carried (benchmarks/RESULTS.md).
-CLOSE = Flavour("close", 5.0, returning=True)
+CLOSE = Flavour("close", 4.0, returning=True)
 
 
 @dataclass(frozen=True)
