@@ -51,13 +51,6 @@ def effect(true: np.ndarray, rows: np.ndarray) -> float:
     return float(np.abs(np.take_along_axis(rows - true, top, -1)).max())
 
 
-def rows_after(past: Pass, following: list[int]) -> np.ndarray:
-    """The log-probabilities after each of `following`, decoded after `past`."""
-    w = weights.recipe(0)
-    made = fingerprint.continued(past, (*past.tokens, *following), w)
-    return fingerprint.log_softmax(fingerprint.head_of(made.out[-len(following) :], w))
-
-
 def with_kv(past: Pass, change: Callable[[list[np.ndarray], list[np.ndarray]], None]) -> Pass:
     keys, values = [k.copy() for k in past.keys], [v.copy() for v in past.values]
     change(keys, values)
@@ -68,7 +61,7 @@ def share(context: list[int], rng: np.random.Generator) -> tuple[float, float, i
     """The share of a token's KV values that move the output (see above), the smallest effect
     of one, and how many values a token holds."""
     past = fingerprint.forward(tuple(context[:-AFTER]))
-    true = rows_after(past, context[-AFTER:])
+    true = fingerprint.decoded(past, context[-AFTER:])
     at = int(rng.integers(1, len(context) - BLOCK - 1))
     effects = []
     for layer in range(weights.LAYERS):
@@ -77,7 +70,7 @@ def share(context: list[int], rng: np.random.Generator) -> tuple[float, float, i
                 for dim in range(weights.HEAD_DIM):
                     kept = cache[head, at : at + BLOCK, dim].copy()
                     cache[head, at : at + BLOCK, dim] += 1.0
-                    effects.append(effect(true, rows_after(past, context[-AFTER:])))
+                    effects.append(effect(true, fingerprint.decoded(past, context[-AFTER:])))
                     cache[head, at : at + BLOCK, dim] = kept
     moving = sum(e > TOLERANCE for e in effects)
     return moving / len(effects), min(effects), len(effects)
@@ -181,7 +174,7 @@ def search(draws: int, rng: np.random.Generator) -> dict[str, tuple[float, int, 
             else:
                 true = fingerprint.log_softmax(fingerprint.head_of(whole.out[n - AFTER : n], w))
                 kind, past = wrong_kv(whole.cut(n - AFTER), elsewhere, rng)
-                moved = effect(true, rows_after(past, t[-AFTER:]))
+                moved = effect(true, fingerprint.decoded(past, t[-AFTER:]))
             least, count, where = found.get(kind, (np.inf, 0, ""))
             if moved < least:
                 least, where = moved, f"{name}, {n} tokens"

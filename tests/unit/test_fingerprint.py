@@ -119,14 +119,8 @@ def longest():
 def moved_by(past: fingerprint.Pass, keys, values, following: list[int]) -> float:
     """How far the top log-probabilities after each of `following` move when decoded after
     `past`'s tokens with the KV cache `keys` and `values` instead of its own."""
-    w = weights.recipe(0)
-
-    def rows(cache: fingerprint.Pass) -> np.ndarray:
-        made = fingerprint.continued(cache, (*cache.tokens, *following), w)
-        return fingerprint.log_softmax(fingerprint.head_of(made.out[-len(following) :], w))
-
-    true = rows(past)
-    wrong = rows(replace(past, keys=tuple(keys), values=tuple(values)))
+    true = fingerprint.decoded(past, following)
+    wrong = fingerprint.decoded(replace(past, keys=tuple(keys), values=tuple(values)), following)
     top = np.argsort(-true, axis=-1)[:, :TOP_LOGPROBS]
     return float(np.abs(np.take_along_axis(wrong - true, top, -1)).max())
 

@@ -175,6 +175,16 @@ def logits(
     return head_of(forward(tuple(tokens), seed, flavour).out[start:], weights.recipe(seed, flavour))
 
 
+def decoded(
+    past: Pass, following: list[int], seed: int = 0, flavour: weights.Flavour = weights.EXACT
+) -> np.ndarray:
+    """The log-probabilities after each of `following`, decoded after `past` with its KV cache
+    as it stands (a changed cache: what a decode worker that received it would read)."""
+    w = weights.recipe(seed, flavour)
+    made = continued(past, (*past.tokens, *following), w)
+    return log_softmax(head_of(made.out[-len(following) :], w))
+
+
 def head_of(out: np.ndarray, w: weights.Weights) -> np.ndarray:
     """The output head's logits of residual-stream rows."""
     return rms(out) @ w.lm_head.T.astype(np.float64)
