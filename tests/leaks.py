@@ -6,10 +6,12 @@ no longer reaches it."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import psutil
 
 from handoff.machine.ownership import MARK_ENV
+from handoff.machine.ports import bindable, listener
 
 
 def marked(value: str) -> list[psutil.Process]:
@@ -48,3 +50,32 @@ def name_of(process: psutil.Process) -> str:
         return process.name()
     except psutil.Error as exc:
         return type(exc).__name__
+
+
+def ports_held(ports: list[int]) -> dict[int, str]:
+    """Those of `ports` that a process carrying this test's mark still listens on, each with its
+    holder. Once a case released its leases another test may lease and bind the same port: a
+    listener that carries another mark is not this test's, one that cannot be read may be."""
+    mine = os.environ.get(MARK_ENV)
+    held = {}
+    for port in ports:
+        if bindable(port):
+            continue
+        pids = {c.pid for c in psutil.net_connections(kind="tcp") if listens_on(c, port)}
+        if not pids or any(carries(pid) in (mine, None) for pid in pids):
+            held[port] = listener(port)
+    return held
+
+
+def listens_on(conn, port: int) -> bool:
+    return bool(conn.laddr) and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
+
+
+def carries(pid: int | None) -> str | None:
+    """The mark `pid` carries ('' for none); None where it cannot be read."""
+    if pid is None:  # another user's
+        return None
+    try:
+        return psutil.Process(pid).environ().get(MARK_ENV, "")
+    except psutil.Error:
+        return None

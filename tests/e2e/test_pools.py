@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 import requests
+from leaks import ports_held
 from misbehaving import DETACH, DetachedChild, kill_strays, strays_under
 
 from handoff import faults
@@ -27,7 +28,6 @@ from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.machine import registrations, wallclock
 from handoff.machine.polling import Deadline, Timeout, poll_until
-from handoff.machine.ports import bindable
 from handoff.policies import POLICIES, policy
 from handoff.pool import PoolKey, Pools
 from handoff.runner import Settings, run_case
@@ -144,7 +144,7 @@ def test_the_next_case_draws_the_survivor_and_the_spare_and_nothing_is_left(
 
     assert pools.close() == []
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
-    assert all(bindable(port) for port in leased)
+    assert ports_held(leased) == {}
     assert not pool.folder.exists()  # no case failed on it: its logs went with it
 
 

@@ -13,13 +13,13 @@ from typing import ClassVar
 import psutil
 import pytest
 from injections import replace_lifecycle
+from leaks import ports_held
 from misbehaving import WrongHolder
 
 from handoff import faults, runner
 from handoff.cases import Case
 from handoff.machine import firewall
 from handoff.machine.polling import Deadline, poll_until
-from handoff.machine.ports import bindable, listener
 from handoff.policies import POLICIES, Policy
 from handoff.pool import PoolKey, Pools
 from handoff.responses.recovery import received_ids
@@ -74,7 +74,7 @@ def assert_ports_free(result):
             discarded = next(e for e in result.history.events if e.name == "pool_discarded")
             assert discarded.data["problems"] == []
         assert ACTIVE["pools"].close() == []
-    assert {p: listener(p) for p in ports if not bindable(p)} == {}  # the holder, if any
+    assert ports_held(ports) == {}  # the holder, if any
 
 
 def failed_reasons(folder, **misconfiguration) -> str:

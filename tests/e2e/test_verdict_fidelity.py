@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import psutil
 import pytest
-from leaks import marked
+from leaks import marked, ports_held
 from misbehaving import DetachedChild, kill_strays, strays_under
 
 from handoff import faults, runner
@@ -20,7 +20,6 @@ from handoff.cases import Case
 from handoff.client import InFlight, Request
 from handoff.deployment import Deployment
 from handoff.machine.polling import Deadline, poll_until
-from handoff.machine.ports import bindable
 from handoff.metrics import MigrationCounts, scrape
 from handoff.policies import ENABLED_LIMIT, POLICIES, Policy
 from handoff.responses import recovery, single
@@ -41,7 +40,7 @@ def assert_nothing_left(result, started):
         for process in deployment.processes:
             assert process.exit_code() is not None or not psutil.pid_exists(process.pid)
     teardown = events(result, "teardown_done")[0]
-    assert teardown["ports"] and all(bindable(p) for p in teardown["ports"])
+    assert teardown["ports"] and ports_held(teardown["ports"]) == {}
 
 
 @pytest.fixture
