@@ -169,6 +169,10 @@ class Backend(ABC):
         "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
         "fresh_deployments", "spare_workers", "discovery", "durations_file",
     )  # fmt: skip
+    #: Dynamo's modules this backend launches from its own interpreter -> the flags it passes
+    #: them: the installed release is checked against its entry at start (handoff.releases).
+    #: Empty where Dynamo runs elsewhere (inside a runtime image).
+    release_modules: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}
     #: Device -> the defaults that differ there from `defaults` (a team's settings still win).

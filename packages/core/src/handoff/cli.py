@@ -33,7 +33,7 @@ from handoff.commands.nightly import print_table, required_missing, run_nightly
 from handoff.covering.verify import format_interaction, trace
 from handoff.errors import HandoffError
 from handoff.plugins import ONLY_ENV, configured_backend, load
-from handoff.runs import durations, merge, report
+from handoff.runs import compare, durations, merge, report
 from handoff.runs.results import RunResults
 from handoff.settings import KEYS
 
@@ -78,6 +78,8 @@ def dispatched(args: argparse.Namespace, passed: list[str]) -> int:
         return nightly_run(args.image, Path(args.logs), passed, args.require)
     if args.command == "report":
         return report.report(args.run_dir)
+    if args.command == "compare":
+        return compare.main(args.run_a, args.run_b)
     if args.command == "doctor":
         return doctor.main()
     if args.command == "durations":
@@ -141,6 +143,13 @@ def add_run_folder_commands(commands: argparse._SubParsersAction) -> None:
         "report", help="a run's case table and failures; writes report.html in its folder"
     )
     past_run.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run folder")
+    diff = commands.add_parser(
+        "compare",
+        help="the verdict diff of two runs of one selection (e.g. two Dynamo releases), each "
+        "difference with its cause; added to RUN_B's report.html; exit 1 on a regression",
+    )
+    diff.add_argument("run_a", metavar="RUN_A", type=Path, help="the run before (the release run)")
+    diff.add_argument("run_b", metavar="RUN_B", type=Path, help="the run after (the one wanted)")
     commands.add_parser("doctor", help="what this machine has for handoff, and what it lacks")
     timings = commands.add_parser(
         "durations",

@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from handoff import releases
 from handoff.cases import MAY_NOT_MOVE
 from handoff.errors import HandoffError
 from handoff.lifecycle import LEAVES, OFF_PATH, Lifecycle
@@ -437,11 +438,12 @@ def raced(case) -> bool:
 def known_defect(case) -> KnownDefect | None:
     """The known defect `case` runs into on purpose: its topology's race where it is the race's
     fault, its topology's documented divergence, else its fault's."""
-    return (
+    defect = (
         KNOWN_RACES.get((case.topology, case.fault))
         or KNOWN_DIVERGENCES.get(case.topology)
         or KNOWN_DEFECTS.get(case.fault)
     )
+    return None if defect is None or defect.issue in releases.current().fixed else defect
 
 
 def policy(name: str) -> Policy:
@@ -468,6 +470,8 @@ def expected_outcome(
         # and nothing is migrated, whatever the policy. A prompt over the sequence cap is still
         # counted, as it is when the request arrives.
         return Outcome(None, 0, 0, outcome.max_seq_len_exceeded, 0, 0)
+    if not releases.current().counts_refused_moves and outcome.error is not None:
+        outcome = replace(outcome, ongoing_request=0, new_request=0)  # refused: no retry
     if lifecycle.silent and outcome.error is not None:
         return replace(outcome, error=DEADLINE_EXCEEDED)
     return outcome

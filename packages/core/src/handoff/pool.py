@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from handoff import lifecycle, metrics
+from handoff import lifecycle, metrics, releases
 from handoff.backend import Backend, Model, Worker
 from handoff.cases import Case, topology
 from handoff.errors import CaseFailure, HandoffError
@@ -172,7 +172,9 @@ class Pool:
             )
         self.nats_port = self.leases.take() if self.case.plane == "nats" else None
         self.discovery = self._discovery()
-        self.env = services.runtime_env(self.discovery.env(), self.nats_port)
+        self.env = services.runtime_env(
+            self.discovery.env(), self.nats_port, releases.current().loopback_env
+        )
         modules = {**services.PRELOADED, **self.backend.preloaded}
         log = self.folder / "preloader.log"
         self.preloader = Preloader(modules, services.PRELOADED_BASE, self.env, log)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from handoff import lifecycle
+from handoff import lifecycle, releases
 from handoff.backend import TIMEOUT_MARKER, Backend
 from handoff.cases import SELECTIONS, Case, backend_cases, only, topology
 from handoff.errors import HandoffError
@@ -61,6 +61,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         help="run only this case: <topology>/<case id>, or a case id in any topology "
         "(repeatable; `handoff cases` lists them)",
+    )
+    group.addoption(
+        "--handoff-dynamo",
+        metavar="VERSION",
+        help="the Dynamo release this run qualifies: the run fails at once where this "
+        "environment holds another (default: the dynamo setting, else the one installed)",
     )
     group.addoption(
         "--handoff-logs",
@@ -317,6 +323,7 @@ def chosen_backend(config: pytest.Config) -> Backend:
         "fresh_deployments": (config.getoption("handoff_fresh"), "--handoff-fresh"),
         "spare_workers": (config.getoption("handoff_spare_workers"), "--handoff-spare-workers"),
         "discovery": (config.getoption("handoff_discovery"), "--handoff-discovery"),
+        "dynamo": (config.getoption("handoff_dynamo"), "--handoff-dynamo"),
     }
     # Looked up from where pytest started, not from its rootdir: pytest takes the rootdir from
     # any argument naming an existing folder, option values included (`--handoff-logs DIR`).
@@ -329,6 +336,8 @@ def case_params(config: pytest.Config) -> list:
     nats plane's cases need, is not here."""
     backend = chosen_backend(config)
     backend.check_environment()
+    if backend.release_modules:
+        releases.checked(backend.setting("dynamo"), backend.release_modules)
     chosen = config.getoption("handoff_selection")
     cases = selected_cases(config, backend)
     if any(case.plane == "nats" for case in cases):
@@ -500,6 +509,7 @@ class RunReport:
             wall_s=round(time.monotonic() - self.started, 3),
             cases=records,
             handoff_version=importlib.metadata.version("handoff"),
+            dynamo=releases.installed() or "",
             device=backend.device if backend else "",
             selection_keys=[c.key for c in selected_cases(self.config, backend)] if backend else [],
             split={"splits": splits, "group": option.group} if splits else None,

@@ -62,6 +62,11 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         int,
         "requests a load case sends at once, spread over its workers by the frontend's router",
     ),
+    "dynamo": (
+        str,
+        "the Dynamo release to qualify (handoff.releases lists those it knows); the CPU "
+        "sessions install it in a virtualenv of its own",
+    ),
     "durations_file": (
         str,
         "pytest-split's durations file for --splits N --group G (default: "

@@ -18,6 +18,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import ClassVar
 
+from handoff import releases
 from handoff.backend import VLLM_RUNNING, Backend, Launch, Model, Shape, Worker
 from handoff.cases import ABANDONS, KILLS, SAMPLINGS, STOPS, Case, topology
 from handoff.client import Annotations
@@ -43,6 +44,13 @@ STEP_S = 0.0058
 #: A prefill of the cases' contexts (32 to a few hundred tokens) at speedup ratio 1: 17 ms
 #: measured (344 ms at 0.05).
 PREFILL_S = 0.017
+
+
+#: The mocker's flags handoff passes (`MockerBackend.worker`).
+MOCKER_FLAGS = (
+    "--model-path", "--model-name", "--request-plane", "--disaggregation-mode",
+    "--extra-engine-args", "--zmq-kv-events-ports", "--zmq-replay-ports",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -231,7 +239,12 @@ class MockerBackend(Backend):
     uses_settings = (
         "max_tokens", "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
         "fresh_deployments", "spare_workers", "discovery", "durations_file", "load_requests",
+        "dynamo",
     )  # fmt: skip
+    release_modules: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dynamo.frontend": releases.FRONTEND_FLAGS,
+        "dynamo.mocker": MOCKER_FLAGS,
+    }
 
     def __init__(self, speedup_ratio: float = SPEEDUP_RATIO, kv_record: bool = False) -> None:
         """`kv_record`: the workers keep and replay their KV blocks' token ids, the record of
@@ -318,13 +331,14 @@ class MockerBackend(Backend):
         self, role: str, case: Case, model: Model, ports: Mapping[str, int], folder: Path
     ) -> Launch:
         # The local indexer is on, as the mocker's command line has it by default.
-        settings = {"engine": self.engine(role, case), "dynamo": {"enable_local_indexer": True}}
+        dynamo: dict[str, object] = {"enable_local_indexer": True}
         engine_args = folder / f"engine-{role}-{ports['system']}.json"
         folder.mkdir(parents=True, exist_ok=True)
         if self.replays(case):
             output = self.shape(case).max_tokens
             trace = origins.write_trace(folder, ports["system"], output)
-            settings["dynamo"]["response_replay_trace_path"] = str(trace)
+            dynamo["response_replay_trace_path"] = str(trace)
+        settings = engine_arguments(self.engine(role, case), dynamo, releases.current())
         engine_args.write_text(json.dumps(settings, indent=2) + "\n")
         argv = [
             sys.executable, "-m", "dynamo.mocker",
@@ -361,7 +375,7 @@ class MockerBackend(Backend):
         """The number of the output its trace replays (`worker`'s engine arguments name it)."""
         argv = worker.process.argv
         settings = json.loads(Path(argv[argv.index("--extra-engine-args") + 1]).read_text())
-        trace = settings["dynamo"].get("response_replay_trace_path")
+        trace = settings.get("dynamo", settings).get("response_replay_trace_path")
         return None if trace is None else origins.first_worker(Path(trace))
 
     def output_tokens(self, text: str) -> int:
@@ -389,6 +403,23 @@ class MockerBackend(Backend):
         if not timing.transfer_gbps:
             return None
         return timing.prompt_tokens * KV_BYTES_PER_TOKEN / (timing.transfer_gbps * GB)
+
+
+def engine_arguments(
+    engine: dict[str, object], dynamo: dict[str, object], release: releases.Facts
+) -> dict[str, object]:
+    """The mocker's engine-arguments file as `release` reads it: an `engine` and a `dynamo`
+    section, or one flat object without the KV event switches it lacks."""
+    if release.mocker_engine_args == releases.SECTIONS:
+        return {"engine": engine, "dynamo": dynamo}
+    if not release.mocker_kv_event_switches:
+        if engine.get("emit_kv_token_ids"):
+            raise HandoffError(
+                f"Dynamo {release.version}'s mocker cannot emit its KV blocks' token ids "
+                f"(kv_record): use Dynamo 1.6.0 or later"
+            )
+        engine = {k: v for k, v in engine.items() if not k.startswith("emit_kv_")}
+    return {**engine, **dynamo}
 
 
 @hookimpl

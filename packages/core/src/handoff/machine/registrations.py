@@ -23,10 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
-
-from handoff.machine.services import LOOPBACK
 
 KV_QUERY_PREFIX = "worker_kv_query_source_"
 #: Dynamo's entries in the making: its watchers and listings skip them.
@@ -61,12 +60,14 @@ def served_from(cards: list[dict], endpoints: set[str], system_port: int) -> set
     """The instance ids of the worker whose system server listens on `system_port`: those of
     the model `cards` it registered whose endpoints are registered too (`endpoints`: the
     instance hex each registered endpoint ends with; a vLLM worker writes its card before its
-    endpoints). Empty until then. Shared by every discovery backend (`discovery`)."""
-    served = f"//{LOOPBACK}:{system_port}/"
+    endpoints). Empty until then. Shared by every discovery backend (`discovery`). Dynamo 1.6
+    names loopback there, 1.5 the machine's address (it has no DYN_SYSTEM_HOST to advertise):
+    the port, leased by handoff, tells the worker either way."""
+    served = re.compile(rf"//[^/\"]+:{system_port}/")
     return {
         card["instance_id"]
         for card in cards
-        if served in json.dumps(card)
+        if served.search(json.dumps(card))
         and "instance_id" in card
         and f"{card['instance_id']:x}" in endpoints
     }

@@ -9,13 +9,6 @@ from pathlib import Path
 from handoff.machine.environment import find_nats_server
 
 LOOPBACK = "127.0.0.1"
-#: Variables that make Dynamo processes bind and advertise loopback only.
-LOOPBACK_ENV = {
-    "DYN_TCP_RPC_HOST": LOOPBACK,
-    "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,
-    "DYN_EVENT_PLANE_HOST": LOOPBACK,
-    "DYN_SYSTEM_HOST": LOOPBACK,
-}
 
 #: Tokio's own default for a runtime's blocking threads, for every Dynamo process. Dynamo
 #: 1.6.1 caps them at the number of cores: on one core, on the NATS plane, a prefill worker
@@ -25,9 +18,12 @@ LOOPBACK_ENV = {
 RUNTIME_THREADS = {"DYN_RUNTIME_MAX_BLOCKING_THREADS": "512"}
 
 
-def runtime_env(discovery: Mapping[str, str], nats_port: int | None) -> dict[str, str]:
+def runtime_env(
+    discovery: Mapping[str, str], nats_port: int | None, loopback: Mapping[str, str]
+) -> dict[str, str]:
     """The environment every process of one deployment shares, `discovery`'s included (which
-    store, handoff.machine.discovery: no process is told it on its command line).
+    store, handoff.machine.discovery: no process is told it on its command line), and the
+    variables that make the release's processes bind loopback only (`loopback`).
 
     Inherited DYN_*, ETCD_* and NATS_SERVER variables are dropped: a case must not pick up a
     migration limit or a discovery store from the shell that launched it. On the NATS plane
@@ -38,7 +34,7 @@ def runtime_env(discovery: Mapping[str, str], nats_port: int | None) -> dict[str
         for k, v in os.environ.items()
         if not k.startswith(("DYN_", "ETCD_")) and k != "NATS_SERVER"
     }
-    env.update(LOOPBACK_ENV)
+    env.update(loopback)
     env.update(RUNTIME_THREADS)
     env.update(discovery)
     env["HF_HUB_OFFLINE"] = "1"

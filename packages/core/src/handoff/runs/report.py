@@ -125,10 +125,11 @@ def report(run_dir: Path, console: Console | None = None) -> int:
     return results.exit_status
 
 
-def write_html(results: RunResults, run_dir: Path) -> Path:
+def write_html(results: RunResults, run_dir: Path, extra: str = "") -> Path:
+    """report.html of the run, with `extra` (a section of HTML) after its cases."""
     path = run_dir / HTML_FILE
     try:
-        path.write_text(html_report(results, run_dir.resolve()))  # a page read anywhere
+        path.write_text(html_report(results, run_dir.resolve(), extra))  # a page read anywhere
     except OSError as exc:
         raise HandoffError(f"cannot write {path} ({exc}): make the run folder writable") from None
     return path
@@ -177,11 +178,12 @@ COLORS = {
 }
 
 
-def html_report(results: RunResults, run_dir: Path) -> str:
+def html_report(results: RunResults, run_dir: Path, extra: str = "") -> str:
     cases = sorted(results.cases, key=lambda c: c.key)
     header = [
         ("backend", results.backend),
         ("selection", results.selection),
+        ("Dynamo", results.dynamo or "unknown"),
         ("run folder", str(run_dir)),
         ("wall time", f"{results.wall_s:.1f} s"),
         ("cases", tally(cases)),
@@ -200,7 +202,7 @@ def html_report(results: RunResults, run_dir: Path) -> str:
     ]
     for n, case in enumerate(cases, 1):
         parts.append(case_section(n, case, run_dir))
-    parts.append("</body></html>")
+    parts += [extra, "</body></html>"]
     return "\n".join(parts) + "\n"
 
 

@@ -131,6 +131,8 @@ class RunResults:
     #: every case key of the selection (before a split took a share), and the share this run
     #: took ({"splits": N, "group": G}), if any.
     handoff_version: str = ""
+    #: The Dynamo release the run qualified, as installed where it ran ("" where unknown).
+    dynamo: str = ""
     device: str = ""
     selection_keys: list[str] = field(default_factory=list)
     split: dict[str, int] | None = None

@@ -1,0 +1,249 @@
+"""What differs between Dynamo releases, in one place: per release, the launch facts handoff
+relies on, the metrics it reads, what its migration counters mean and which known defects apply.
+
+A release is the one before it with its changes applied, each change one entry with its cause
+(a release note, an upstream change, or handoff's own finding): `handoff compare` explains a
+verdict that differs between two releases by the changes between them. A release handoff does
+not know, or an installed one whose help or binary lacks what its entry says, fails the run at
+start in one line naming what differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import mmap
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+
+from handoff.errors import HandoffError
+
+#: The release handoff qualifies unless told otherwise (`--handoff-dynamo`, `dynamo` setting).
+DEFAULT = "1.6.1"
+DISTRIBUTION = "ai-dynamo"
+#: The frontend's flags handoff passes (deployment.frontend_argv, policies.Policy.flags).
+FRONTEND_FLAGS = (
+    "--http-host", "--http-port", "--request-plane", "--model-path", "--model-name",
+    "--router-mode", "--migration-limit", "--migration-max-seq-len",
+)  # fmt: skip
+#: The metrics handoff reads, as their names end (the runtime prefixes `dynamo_frontend_` or
+#: `dynamo_component_` when it registers them), looked for in the runtime's binary.
+METRICS = (
+    "model_migration_total", "model_migration_max_seq_len_exceeded_total",
+    "output_tokens_total", "input_sequence_tokens", "time_to_first_token_seconds",
+    "requests_total", "inflight_requests",
+)  # fmt: skip
+LOOPBACK = "127.0.0.1"
+#: The variables that make Dynamo's processes bind and advertise loopback only.
+LOOPBACK_ENV = {
+    "DYN_TCP_RPC_HOST": LOOPBACK,
+    "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,
+    "DYN_EVENT_PLANE_HOST": LOOPBACK,
+    "DYN_SYSTEM_HOST": LOOPBACK,
+}
+#: How the mocker takes its engine arguments (`--extra-engine-args`): one flat object
+#: (MockEngineArgs), or an `engine` and a `dynamo` section.
+FLAT, SECTIONS = "flat", "sections"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What handoff relies on in one release."""
+
+    version: str
+    frontend_flags: tuple[str, ...] = FRONTEND_FLAGS
+    metrics: tuple[str, ...] = METRICS
+    #: Each is looked for in the runtime's binary, as the metrics are.
+    loopback_env: dict[str, str] = field(default_factory=lambda: dict(LOOPBACK_ENV))
+    mocker_engine_args: str = SECTIONS
+    #: The engine settings that switch the mocker's KV events (and their token ids) on; absent
+    #: where the release has no switch.
+    mocker_kv_event_switches: bool = True
+    #: A fault while decoding is counted as an `ongoing_request` migration even where the policy
+    #: then refuses the move (migration disabled, or the context past its cap).
+    counts_refused_moves: bool = True
+    #: The known defects (`policies.KnownDefect.issue`) fixed by this release or before it:
+    #: their cases are judged by the promise alone there, and pass.
+    fixed: frozenset[str] = frozenset()
+    #: Whether its wheels can be installed here; an entry on paper can be compared against.
+    installable: bool = True
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing a release changed that handoff relies on: a field of `Facts` and its new
+    value, with where it is written."""
+
+    field: str
+    value: object
+    cause: str
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    changes: tuple[Change, ...] = ()
+    installable: bool = True
+    #: What it changed that handoff does not rely on, where that is worth saying.
+    notes: str = ""
+
+
+#: Oldest first; each release is the one before with its changes applied.
+RELEASES = (
+    Release(
+        "1.5.0",
+        (
+            Change(
+                "loopback_env",
+                {
+                    "DYN_TCP_RPC_HOST": LOOPBACK,
+                    "DYN_TCP_RESPONSE_STREAM_HOST": "lo",
+                    "DYN_SYSTEM_HOST": LOOPBACK,
+                },
+                "1.5.x's response stream server takes an interface's name (an address fails: "
+                "`Interface not found: 127.0.0.1`); it reads no DYN_EVENT_PLANE_HOST, and its "
+                "model cards name the machine's address, not DYN_SYSTEM_HOST",
+            ),
+            Change("mocker_engine_args", FLAT, "1.5.x's mocker reads one flat MockEngineArgs"),
+            Change(
+                "mocker_kv_event_switches",
+                False,
+                "1.5.x's MockEngineArgs has no emit_kv_events nor emit_kv_token_ids",
+            ),
+        ),
+    ),
+    Release("1.5.1"),
+    Release(
+        "1.6.0",
+        (
+            Change(
+                "loopback_env",
+                LOOPBACK_ENV,
+                "1.6.0 takes addresses for every host, and adds the event plane's and the "
+                "status server's",
+            ),
+            Change(
+                "mocker_engine_args",
+                SECTIONS,
+                "1.6.0 splits the mocker's engine arguments into `engine` and `dynamo` "
+                "sections (a flat file fails: unknown field)",
+            ),
+            Change(
+                "mocker_kv_event_switches",
+                True,
+                "1.6.0's mocker emits KV events and their token ids only when told",
+            ),
+        ),
+    ),
+    Release("1.6.1", notes="trust stores, images and tooling only: a null control against 1.6.0"),
+    Release(
+        "1.7.1",
+        (
+            Change(
+                "counts_refused_moves",
+                False,
+                "1.7.1's release notes: the migration counter records each permitted retry "
+                "once, and the limit gauge reports the frontend's setting",
+            ),
+        ),
+        installable=False,
+    ),
+)
+
+
+def known() -> list[str]:
+    return [r.version for r in RELEASES]
+
+
+def facts(version: str) -> Facts:
+    """The facts of `version`: its predecessors' changes, then its own."""
+    if version not in known():
+        raise HandoffError(
+            f"Dynamo {version} is not a release handoff knows ({', '.join(known())}): add its "
+            f"entry to handoff.releases (what it changed), or choose one of those"
+        )
+    current = Facts(version)
+    for release in RELEASES:
+        for change in release.changes:
+            current = replace(current, **{change.field: change.value})
+        if release.version == version:
+            return replace(current, version=version, installable=release.installable)
+    raise AssertionError(version)
+
+
+def changes_between(older: str, newer: str) -> list[tuple[str, Change]]:
+    """The changes that the releases after `older` up to `newer` made, each with its release;
+    the same whichever way round the two are given."""
+    first, last = sorted((known().index(older), known().index(newer)))
+    return [(r.version, c) for r in RELEASES[first + 1 : last + 1] for c in r.changes]
+
+
+def installed() -> str | None:
+    """The ai-dynamo release this interpreter has; None where it has none."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def checked(wanted: str | None, modules: dict[str, tuple[str, ...]]) -> Facts:
+    """The facts of the installed release, once it is the one `wanted` (when given) and its
+    `modules`' help lists the flags handoff passes them, and its runtime names the metrics
+    handoff reads; else one line naming what differs."""
+    have = installed()
+    if have is None:
+        raise HandoffError(f"{DISTRIBUTION} is not installed: run `nox -s mocker_pre_merge`")
+    if wanted is not None and have != wanted:
+        raise HandoffError(
+            f"this environment holds Dynamo {have}, the run asks for {wanted}: run it from "
+            f"`nox -s mocker_pre_merge -- --handoff-dynamo {wanted}`, which installs {wanted}"
+        )
+    release = facts(have)
+    lacking = [f"{m} {f}" for m, flags in modules.items() for f in flags if f not in usage(m)]
+    with runtime_binary() as binary:
+        names = [f"metric {m}" for m in release.metrics]
+        names += [f"variable {v}" for v in release.loopback_env]
+        lacking += [n for n in names if not written(binary, n.split()[1])]
+    if lacking:
+        raise HandoffError(
+            f"Dynamo {have} differs from handoff's entry for it: it lacks {', '.join(lacking)}; "
+            f"correct that entry in handoff.releases"
+        )
+    return release
+
+
+def written(binary: mmap.mmap, name: str) -> bool:
+    """Whether the runtime names `name`, or reads it as a field of a prefix it names alone
+    (`DYN_SYSTEM_`, then `HOST`: a configuration read from the variables of one prefix)."""
+    prefix = re.escape(name.rsplit("_", 1)[0].encode() + b"_")
+    return (
+        binary.find(name.encode()) >= 0
+        or re.search(prefix + rb"(?:DYN_|[^A-Z])", binary) is not None
+    )
+
+
+def usage(module: str) -> str:
+    """`python -m module --help` of this interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
+    )
+    return done.stdout
+
+
+def runtime_binary() -> mmap.mmap:
+    """Dynamo's compiled runtime, mapped: its metric names and variables are written there."""
+    spec = importlib.util.find_spec("dynamo._core")
+    if spec is None or spec.origin is None:
+        raise HandoffError("Dynamo's runtime (dynamo._core) is not importable: install Dynamo")
+    with open(spec.origin, "rb") as binary:
+        return mmap.mmap(binary.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+@functools.cache
+def current() -> Facts:
+    """The facts of the release this interpreter has (the default's where it has none: a
+    machine that lists cases, or runs them inside a runtime image)."""
+    return facts(installed() or DEFAULT)

@@ -1,0 +1,132 @@
+"""`handoff compare RUN_A RUN_B`: the verdict diff of two runs of one selection, typically the
+release a team runs (A) against the one it wants (B).
+
+Each case whose verdict or counters differ is one row, with its kind and its cause: the changes
+handoff.releases records between the two runs' releases that explain it, else "a new finding"
+(nothing recorded explains it: read its logs, then record the change or file the defect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from handoff import releases
+from handoff.errors import HandoffError
+from handoff.runs.report import write_html
+from handoff.runs.results import CaseRecord, RunResults
+from handoff.verdict import FAILED, KNOWN_DEFECT, PASSED
+
+ABSENT = "absent"
+#: The kinds of difference, in the order a reader meets them.
+REGRESSION = "regression: passed before, fails now"
+FIX_ARRIVED = "fix arrived: a known defect's case passes now"
+NEW_DEFECT = "known defect now: passed before"
+FLIPPED = "flipped"
+MEANING = "counts differ: their meaning changed"
+ONLY_A, ONLY_B = "only in A", "only in B"
+NEW_FINDING = "a new finding: no recorded change explains it"
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    before: str  # the outcome in A, or ABSENT
+    after: str
+    kind: str
+    cause: str
+
+
+def kind_of(before: CaseRecord | None, after: CaseRecord | None) -> str | None:
+    """How a case differs between the runs; None where it does not."""
+    if before is None or after is None:
+        return ONLY_B if before is None else ONLY_A
+    was, now = before.outcome, after.outcome
+    if was == now:
+        return MEANING if before.counts != after.counts and before.counts and after.counts else None
+    if now == FAILED and was in (PASSED, KNOWN_DEFECT):
+        return REGRESSION
+    if was == KNOWN_DEFECT and now == PASSED:
+        return FIX_ARRIVED
+    if was == PASSED and now == KNOWN_DEFECT:
+        return NEW_DEFECT
+    return FLIPPED
+
+
+def cause_of(kind: str, before: CaseRecord | None, after: CaseRecord | None, changes) -> str:
+    """The recorded changes between the releases that explain a difference of `kind`."""
+    if kind in (ONLY_A, ONLY_B):
+        return "the selection differs: a case added or retired between the runs' handoff"
+    defect = (before and before.upstream_defect) or (after and after.upstream_defect) or ""
+    fields = {MEANING: ("counts_refused_moves",), FIX_ARRIVED: ("fixed",), NEW_DEFECT: ("fixed",)}
+    found = [
+        f"{version}: {change.cause}"
+        for version, change in changes
+        if change.field in fields.get(kind, ())
+        and (change.field != "fixed" or any(issue in defect for issue in change.value))
+    ]
+    return "; ".join(found) or NEW_FINDING
+
+
+def compare(a: RunResults, b: RunResults) -> list[Difference]:
+    """Every case that differs between `a` and `b`, by key."""
+    if a.selection != b.selection or a.backend != b.backend:
+        raise HandoffError(
+            f"the runs are of {a.backend}/{a.selection} and {b.backend}/{b.selection}: compare "
+            f"two runs of one backend's selection"
+        )
+    changes = releases.changes_between(a.dynamo, b.dynamo) if a.dynamo and b.dynamo else []
+    before = {c.key: c for c in a.cases}
+    after = {c.key: c for c in b.cases}
+    differences = []
+    for key in sorted(before.keys() | after.keys()):
+        was, now = before.get(key), after.get(key)
+        kind = kind_of(was, now)
+        if kind is not None:
+            outcomes = (c.outcome if c else ABSENT for c in (was, now))
+            differences.append(Difference(key, *outcomes, kind, cause_of(kind, was, now, changes)))
+    return differences
+
+
+def table(a: RunResults, b: RunResults, differences: list[Difference]) -> Table:
+    title = f"{a.backend}/{a.selection}: A = Dynamo {a.dynamo or '?'}, B = Dynamo {b.dynamo or '?'}"
+    grid = Table(title=title, title_justify="left")
+    for column in ("case", "A", "B", "difference", "cause"):
+        grid.add_column(column, overflow="fold")
+    for d in differences:
+        grid.add_row(d.key, d.before, d.after, d.kind, d.cause)
+    return grid
+
+
+def html_section(a: RunResults, b: RunResults, differences: list[Difference]) -> str:
+    """The comparison as a section of B's report.html."""
+    rows = "".join(
+        f"<tr><td>{escape(d.key)}</td><td>{escape(d.before)}</td><td>{escape(d.after)}</td>"
+        f"<td>{escape(d.kind)}</td><td>{escape(d.cause)}</td></tr>"
+        for d in differences
+    )
+    head = "<tr><th>case</th><th>A</th><th>B</th><th>difference</th><th>cause</th></tr>"
+    summary = f"{len(differences)} difference(s)" if differences else "no difference"
+    return (
+        f'<section id="compare"><h2>Compared with {escape(a.run_dir)} (Dynamo '
+        f"{escape(a.dynamo or '?')}): {summary}</h2>"
+        f"<table>{head}{rows}</table></section>"
+    )
+
+
+def main(run_a: Path, run_b: Path, console: Console | None = None) -> int:
+    """Print the diff and add it to B's report.html; exit 1 on a regression."""
+    a, b = RunResults.load(run_a), RunResults.load(run_b)
+    differences = compare(a, b)
+    console = console or Console(width=max(Console().width, 160))
+    if differences:
+        console.print(table(a, b, differences))
+    verdict = f"{len(differences)} difference(s)" if differences else "no difference"
+    console.print(f"{verdict} between {run_a} and {run_b}", markup=False, highlight=False)
+    path = write_html(b, run_b, extra=html_section(a, b, differences))
+    console.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
+    return 1 if any(d.kind == REGRESSION for d in differences) else 0
