@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tomllib
+from pathlib import Path
 
 import nox
 from packaging.requirements import Requirement
@@ -103,11 +106,70 @@ def qualify_on_mocker(session: nox.Session, selection: str) -> None:
     selected = ["--handoff-selection", selection]
     if in_image(session, "mocker", selected):
         return
-    install_mocker_stack(session)
     install_debian(session, QUALIFY_BINARIES, required=False)
+    release, rest = wanted_release(session.posargs)
+    if release == DEFAULT_DYNAMO:
+        install_mocker_stack(session)
+        python = "python"
+    else:
+        python = release_python(session, release)
     session.run(
-        *QUALIFY, "--handoff-backend", "mocker", *selected, *MOCKER_SCHEDULE, *session.posargs
-    )
+        python, "-m", *QUALIFY, "--handoff-backend", "mocker", *selected, *MOCKER_SCHEDULE,
+        "--handoff-dynamo", release, *rest, external=True,
+    )  # fmt: skip
+
+
+def pinned_dynamo() -> str:
+    """The release requirements/dynamo.txt pins: the one the sessions qualify unless told."""
+    lines = Path("requirements/dynamo.txt").read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line and not line.startswith("#")]
+    return next(str(r.specifier).removeprefix("==") for r in pins if r.name == "ai-dynamo")
+
+
+DEFAULT_DYNAMO = pinned_dynamo()
+RELEASE_OPTION = "--handoff-dynamo"
+
+
+def wanted_release(args: list[str]) -> tuple[str, list[str]]:
+    """The release `--handoff-dynamo V` among `args` names, else the team's `dynamo` setting,
+    else the pinned one; and the arguments without the option."""
+    args = list(args)
+    if RELEASE_OPTION in args:
+        at = args.index(RELEASE_OPTION)
+        if at + 1 == len(args):
+            raise SystemExit(f"{RELEASE_OPTION} needs a release, e.g. {RELEASE_OPTION} 1.6.0")
+        return args[at + 1], args[:at] + args[at + 2 :]
+    return team_release() or DEFAULT_DYNAMO, args
+
+
+def team_release() -> str | None:
+    """`dynamo` in [tool.handoff] of pyproject.toml, or in handoff.toml (handoff.settings)."""
+    for path, table in (("handoff.toml", ()), ("pyproject.toml", ("tool", "handoff"))):
+        if os.path.exists(path):
+            with open(path, "rb") as file:
+                data = tomllib.load(file)
+            for key in table:
+                data = data.get(key, {})
+            if "dynamo" in data:
+                return str(data["dynamo"])
+    return None
+
+
+def release_python(session: nox.Session, release: str) -> str:
+    """The interpreter of a virtualenv of `release`'s own (.nox/dynamo-RELEASE), made and
+    filled the first time, as the mocker sessions fill theirs."""
+    folder = Path(".nox", f"dynamo-{release}")
+    python = str(folder / "bin" / "python")
+    stamp, wanted = folder / "handoff-installed", f"ai-dynamo=={release}\n"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
+    session.run("python", "-m", "venv", "--clear", str(folder))
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    dynamo = [f"ai-dynamo=={release}", f"ai-dynamo-runtime=={release}"]
+    session.run(*pip, "--no-deps", *dynamo, external=True)
+    session.run(*pip, *PACKAGES, "pytest-xdist", external=True)
+    stamp.write_text(wanted)
+    return python
 
 
 def in_image(session: nox.Session, backend: str, selected: list[str]) -> bool:
@@ -265,3 +327,30 @@ def covering_bench(session: nox.Session) -> None:
     """Covering array sizes and generation times next to the known optima and allpairspy's."""
     session.install("-e", "packages/core", "allpairspy")
     session.run("python", "benchmarks/covering_sizes.py", *session.posargs)
+
+
+@nox.session
+def upgrade(session: nox.Session) -> None:
+    """`-- FROM TO`: the main job on Dynamo FROM and on TO at once, each on half the CPUs from
+    a virtualenv of its own, then `handoff compare` of the two runs (docs/upgrades.md)."""
+    if len(session.posargs) < 2:
+        session.error("name two releases: nox -s upgrade -- 1.6.0 1.6.1")
+    releases, rest = session.posargs[:2], session.posargs[2:]
+    install_debian(session, QUALIFY_BINARIES, required=False)
+    pythons = [release_python(session, release) for release in releases]
+    cpus = sorted(os.sched_getaffinity(0))
+    halves = [cpus[: max(1, len(cpus) // 2)], cpus[len(cpus) // 2 :] or cpus]
+    logs = [Path(".handoff", "upgrade", release) for release in releases]
+    runs = []
+    for python, release, half, folder in zip(pythons, releases, halves, logs, strict=True):
+        command = [
+            "taskset", "-c", ",".join(map(str, half)), python, "-m", *QUALIFY,
+            "--handoff-backend", "mocker", "--handoff-selection", "pre_merge", *MOCKER_SCHEDULE,
+            "--handoff-dynamo", release, "--handoff-logs", str(folder), *rest,
+        ]  # fmt: skip
+        session.log(" ".join(command))
+        runs.append(subprocess.Popen(command))
+    codes = [run.wait() for run in runs]
+    session.log(f"main job exit codes: {dict(zip(releases, codes, strict=True))}")
+    newest = [str(max(folder.iterdir(), key=lambda p: p.stat().st_mtime)) for folder in logs]
+    session.run(pythons[1], "-m", "handoff.cli", "compare", *newest, external=True)

@@ -50,6 +50,7 @@ from handoff.machine.ports import PortLeases, bindable, listener
 from handoff.machine.preload import Preloader
 from handoff.machine.processes import ManagedProcess
 from handoff.machine.wallclock import WallClock
+from handoff.releases import mixes
 from handoff.sharing import vram_ledger
 
 TEARDOWN_TIMEOUT_S = 15.0
@@ -140,6 +141,10 @@ class Pool:
         self._mirror_thread: threading.Thread | None = None
         self.mirror_failure: str | None = None
         self._serial = count()
+        #: Which processes run from another release, if the settings mix two.
+        self.mix = mixes.configured(backend.setting("mix"), backend.setting("beside"))
+        #: The processes that run from the other release: name -> its release.
+        self.beside: dict[str, str] = {}
         #: The GPU reservation the workers run under, if the case that started them had one.
         self.gpu: vram_ledger.Hold | None = None
         #: Whether the wall clock, which the workers' discovery leases run on, held.
@@ -232,11 +237,12 @@ class Pool:
         process.start()
         return process
 
-    def _start_worker(self, role: str, spare: bool = False) -> Worker:
+    def _start_worker(self, role: str, spare: bool = False, joining: bool = False) -> Worker:
         assert self.model is not None
         ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
         launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
-        name = f"worker-{next(self._serial)}-{role}"
+        serial = next(self._serial)
+        name = f"worker-{serial}-{role}"
         own = lifecycle.of(self.case.fault).worker_env
         env = {**launch.env, **(own[1] if own else {})}
         if spare and self.layout.keeps_spares_unseen:
@@ -244,7 +250,8 @@ class Pool:
             env["DYN_FILE_KV"] = str(self.own_store[name])
         if self.layout.pinned:
             env["ETCD_ENDPOINTS"] = self._pin(name).client_url
-        process = self._spawn(name, list(launch.argv), env, launch.niceness)
+        argv = self.launched(name, list(launch.argv), "worker", role, serial, joining)
+        process = self._spawn(name, argv, env, launch.niceness)
         return Worker(name, role, process, ports, self.backend.engine_core)
 
     def _pin(self, name: str) -> etcd.Member:
@@ -340,7 +347,7 @@ class Pool:
         assert self.model is not None
         for worker in self.workers:
             launch = self.backend.worker(worker.role, case, self.model, worker.ports, self.folder)
-            if list(launch.argv) != worker.process.argv:
+            if list(launch.argv)[1:] != worker.process.argv[1:]:  # a mix sets the interpreter
                 raise HandoffError(
                     f"backend {self.backend.name!r} launches {case.key}'s {worker.role} worker "
                     f"unlike its pool's: its worker_variant must name what differs "
@@ -366,7 +373,14 @@ class Pool:
     def add_worker(self, role: str) -> Worker:
         """A worker of `role` started now in the pool's own discovery folder, so that a running
         frontend lists it once it registers: a replacement in a soak (benchmarks/load_soak.py)."""
-        return self._start_worker(role)
+        return self._start_worker(role, joining=True)
+
+    def launched(self, name: str, argv: list[str], *place) -> list[str]:
+        """`argv` as the mix runs process `name` (`mixes.Mix.runs_beside` of `place`)."""
+        if self.mix is None or not self.mix.runs_beside(*place):
+            return argv
+        self.beside[name] = self.mix.release
+        return self.mix.argv(argv, True)
 
     def replace_beside_case(self, worker: Worker) -> Worker | None:
         """`replace` while the worker's case still runs; a pool that keeps no spare leaves it

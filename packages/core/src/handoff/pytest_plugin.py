@@ -69,6 +69,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "environment holds another (default: the dynamo setting, else the one installed)",
     )
     group.addoption(
+        "--handoff-beside",
+        metavar="VERSION",
+        help="another Dynamo release, whose processes a mixed deployment runs (--handoff-mix)",
+    )
+    group.addoption(
+        "--handoff-mix",
+        help="which processes run from the --handoff-beside release: frontend, alternate, "
+        "replacements or prefill (docs/upgrades.md)",
+    )
+    group.addoption(
         "--handoff-logs",
         default=".handoff/runs",
         help="folder for run logs; a failed case's logs are kept there",
@@ -324,6 +334,8 @@ def chosen_backend(config: pytest.Config) -> Backend:
         "spare_workers": (config.getoption("handoff_spare_workers"), "--handoff-spare-workers"),
         "discovery": (config.getoption("handoff_discovery"), "--handoff-discovery"),
         "dynamo": (config.getoption("handoff_dynamo"), "--handoff-dynamo"),
+        "beside": (config.getoption("handoff_beside"), "--handoff-beside"),
+        "mix": (config.getoption("handoff_mix"), "--handoff-mix"),
     }
     # Looked up from where pytest started, not from its rootdir: pytest takes the rootdir from
     # any argument naming an existing folder, option values included (`--handoff-logs DIR`).

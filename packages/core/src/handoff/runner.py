@@ -167,6 +167,7 @@ def deploy_and_exercise(
         workers=[w.name for w in deployment.workers],
         pids={p.name: p.pid for p in deployment.processes},
         ports=deployment.ports,
+        beside=dict(deployment.pool.beside),
     )
     return exercise(CaseRun(deployment, case, settings, deadline, history, draws_before))
 

@@ -67,6 +67,16 @@ KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
         "the Dynamo release to qualify (handoff.releases lists those it knows); the CPU "
         "sessions install it in a virtualenv of its own",
     ),
+    "beside": (
+        str,
+        "another Dynamo release, whose processes a mixed deployment runs (the `mix` setting); "
+        "its virtualenv is .nox/dynamo-RELEASE, which `nox -s upgrade` makes",
+    ),
+    "mix": (
+        str,
+        "which processes run from the `beside` release: frontend, alternate (every second "
+        "worker), replacements (a rolling upgrade) or prefill (handoff.mixes)",
+    ),
     "durations_file": (
         str,
         "pytest-split's durations file for --splits N --group G (default: "

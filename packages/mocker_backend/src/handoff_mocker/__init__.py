@@ -239,7 +239,7 @@ class MockerBackend(Backend):
     uses_settings = (
         "max_tokens", "graceful_bound_s", "stream_timeout_s", "case_timeout_s", "startup_timeout_s",
         "fresh_deployments", "spare_workers", "discovery", "durations_file", "load_requests",
-        "dynamo",
+        "dynamo", "beside", "mix",
     )  # fmt: skip
     release_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "dynamo.frontend": releases.FRONTEND_FLAGS,
