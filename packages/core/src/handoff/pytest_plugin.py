@@ -522,6 +522,8 @@ class RunReport:
             cases=records,
             handoff_version=importlib.metadata.version("handoff"),
             dynamo=releases.installed() or "",
+            beside=(backend.setting("beside") or "") if backend else "",
+            mix=(backend.setting("mix") or "") if backend else "",
             device=backend.device if backend else "",
             selection_keys=[c.key for c in selected_cases(self.config, backend)] if backend else [],
             split={"splits": splits, "group": option.group} if splits else None,

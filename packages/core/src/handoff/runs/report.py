@@ -184,6 +184,7 @@ def html_report(results: RunResults, run_dir: Path, extra: str = "") -> str:
         ("backend", results.backend),
         ("selection", results.selection),
         ("Dynamo", results.dynamo or "unknown"),
+        *([("mixed with", f"{results.beside}: {results.mix}")] if results.mix else []),
         ("run folder", str(run_dir)),
         ("wall time", f"{results.wall_s:.1f} s"),
         ("cases", tally(cases)),

@@ -133,6 +133,9 @@ class RunResults:
     handoff_version: str = ""
     #: The Dynamo release the run qualified, as installed where it ran ("" where unknown).
     dynamo: str = ""
+    #: A mixed deployment's other release and which processes ran it ("" where unmixed).
+    beside: str = ""
+    mix: str = ""
     device: str = ""
     selection_keys: list[str] = field(default_factory=list)
     split: dict[str, int] | None = None

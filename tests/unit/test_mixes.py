@@ -1,0 +1,84 @@
+"""Which processes a mixed deployment runs from the other release, and the one-line errors of a
+mix that cannot be made."""
+
+import sys
+
+import pytest
+
+from handoff.errors import HandoffError
+from handoff.releases import mixes
+
+ARGV = [sys.executable, "-m", "dynamo.mocker", "--model-name", "m"]
+
+
+@pytest.mark.parametrize(
+    ("how", "beside"),
+    [
+        ("frontend", {("frontend", "", 0, False)}),
+        ("alternate", {("worker", "aggregate", 1, False), ("worker", "prefill", 3, True)}),
+        ("replacements", {("worker", "aggregate", 0, True), ("worker", "prefill", 3, True)}),
+        ("prefill", {("worker", "prefill", 0, False), ("worker", "prefill", 3, True)}),
+    ],
+)
+def test_each_mix_runs_its_processes_and_only_those_beside(how, beside):
+    mix = mixes.Mix(how, "1.6.0", "/venv/bin/python")
+    places = [
+        ("frontend", "", 0, False),
+        ("worker", "aggregate", 0, False),
+        ("worker", "aggregate", 1, False),
+        ("worker", "aggregate", 0, True),
+        ("worker", "prefill", 0, False),
+        ("worker", "prefill", 3, True),
+    ]
+    assert {p for p in places if mix.runs_beside(*p)} == beside
+
+
+def test_a_process_run_beside_keeps_its_arguments_under_the_other_interpreter():
+    mix = mixes.Mix("frontend", "1.6.0", "/venv/bin/python")
+    assert mix.argv(ARGV, True) == ["/venv/bin/python", *ARGV[1:]]
+    assert mix.argv(ARGV, False) == ARGV
+
+
+def test_no_mix_asked_is_none():
+    assert mixes.configured(None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("how", "beside", "says"),
+    [
+        ("sideways", "1.6.0", "needs both --handoff-mix"),
+        ("frontend", None, "needs both --handoff-mix"),
+        (None, "1.6.0", "needs both --handoff-mix"),
+    ],
+)
+def test_a_mix_half_given_fails_in_one_line(how, beside, says):
+    with pytest.raises(HandoffError, match=says):
+        mixes.configured(how, beside)
+
+
+def test_a_release_with_no_virtualenv_names_the_session_that_makes_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HandoffError, match=r"nox -s upgrade -- \S+ 1\.6\.0. makes it"):
+        mixes.configured("frontend", "1.6.0")
+
+
+def test_releases_launched_unlike_each_other_are_refused_naming_what_differs(tmp_path, monkeypatch):
+    """1.5.x and 1.6.x take their loopback variables and engine arguments unlike each other."""
+    monkeypatch.chdir(tmp_path)
+    python = mixes.interpreter("1.5.1")
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    monkeypatch.setattr(mixes, "release_of", lambda python: "1.5.1")
+    with pytest.raises(HandoffError, match="loopback_env, mocker_engine_args"):
+        mixes.configured("alternate", "1.5.1")
+
+
+def test_an_interpreter_holding_another_release_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    python = mixes.interpreter("1.6.0")
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this one holds 1.6.1
+    python.chmod(0o755)
+    mixes.release_of.cache_clear()
+    with pytest.raises(HandoffError, match=r"holds Dynamo 1\.6\.1, not 1\.6\.0"):
+        mixes.configured("alternate", "1.6.0")

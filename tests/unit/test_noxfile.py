@@ -1,0 +1,120 @@
+"""The command lines of the sessions too heavy for `nox -s tests` (`upgrade`, `mixed`), and the
+release the sessions pin, checked here against a session that records what it is told to run."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from handoff import releases
+from handoff.cases import backend_cases
+from handoff.plugins import get_backend
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    spec = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    cwd = Path.cwd()
+    try:
+        os.chdir(ROOT)  # it reads requirements/dynamo.txt
+        spec.loader.exec_module(module)
+    finally:
+        os.chdir(cwd)
+    return module
+
+
+class Recorder:
+    """What a nox session would run, recorded instead of run."""
+
+    def __init__(self, posargs):
+        self.posargs = list(posargs)
+        self.runs: list[list[str]] = []
+
+    def run(self, *args, **kwargs):
+        self.runs.append(list(args))
+
+    def log(self, *args):
+        pass
+
+    def error(self, message):
+        raise SystemExit(message)
+
+
+def test_the_release_the_sessions_pin_is_the_one_handoff_defaults_to(noxfile):
+    assert noxfile.DEFAULT_DYNAMO == releases.DEFAULT
+
+
+def test_the_release_option_is_taken_out_of_what_pytest_gets(noxfile, monkeypatch):
+    monkeypatch.setattr(noxfile, "team_release", lambda: None)
+    assert noxfile.wanted_release(["-x", "--handoff-dynamo", "1.5.1", "-k", "a"]) == (
+        "1.5.1", ["-x", "-k", "a"],
+    )  # fmt: skip
+    assert noxfile.wanted_release(["-x"]) == (releases.DEFAULT, ["-x"])
+    with pytest.raises(SystemExit, match="needs a release"):
+        noxfile.wanted_release(["--handoff-dynamo"])
+
+
+def fake_venvs(noxfile, monkeypatch):
+    monkeypatch.setattr(noxfile, "install_debian", lambda *a, **k: None)
+    monkeypatch.setattr(noxfile, "release_python", lambda session, r: f"/v/{r}/python")
+
+
+def test_upgrade_runs_both_main_jobs_on_halves_of_the_cpus_then_compares(
+    noxfile, monkeypatch, tmp_path
+):
+    fake_venvs(noxfile, monkeypatch)
+    started = []
+
+    class Popen:
+        def __init__(self, command):
+            started.append(command)
+            folder = Path(command[command.index("--handoff-logs") + 1])
+            (folder / "20261207-run").mkdir(parents=True)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(noxfile.subprocess, "Popen", Popen)
+    monkeypatch.chdir(tmp_path)
+    session = Recorder(["1.6.0", "1.6.1", "-x"])
+    noxfile.upgrade(session)
+    cpus = sorted(os.sched_getaffinity(0))
+    for command, release in zip(started, ("1.6.0", "1.6.1"), strict=True):
+        assert command[:2] == ["taskset", "-c"] and command[3] == f"/v/{release}/python"
+        assert command[4:7] == ["-m", "pytest", "--pyargs"]
+        assert ["--handoff-dynamo", release] == command[command.index("--handoff-dynamo") :][:2]
+        assert command[-1] == "-x"
+    halves = [set(map(int, c[2].split(","))) for c in started]
+    assert halves[0] | halves[1] == set(cpus)
+    assert len(cpus) < 2 or not halves[0] & halves[1]
+    (compare,) = session.runs
+    assert compare[:4] == ["/v/1.6.1/python", "-m", "handoff.cli", "compare"]
+    assert [Path(p).parent.name for p in compare[4:]] == ["1.6.0", "1.6.1"]
+
+
+def test_mixed_runs_every_mix_both_ways_and_the_upgrade_one_way(noxfile, monkeypatch):
+    fake_venvs(noxfile, monkeypatch)
+    session = Recorder(["1.6.0", "1.6.1"])
+    noxfile.mixed(session)
+    runs = [
+        (r[0], r[r.index("--handoff-beside") + 1], r[r.index("--handoff-mix") + 1])
+        for r in session.runs
+    ]
+    assert runs == [
+        ("/v/1.6.0/python", "1.6.1", "frontend"), ("/v/1.6.1/python", "1.6.0", "frontend"),
+        ("/v/1.6.0/python", "1.6.1", "alternate"), ("/v/1.6.1/python", "1.6.0", "alternate"),
+        ("/v/1.6.0/python", "1.6.1", "replacements"),
+        ("/v/1.6.0/python", "1.6.1", "prefill"), ("/v/1.6.1/python", "1.6.0", "prefill"),
+    ]  # fmt: skip
+    cases = {c for r in session.runs for i, c in enumerate(r) if r[i - 1] == "--handoff-case"}
+    assert cases == {c for listed in noxfile.MIXED_CASES.values() for c in listed}
+
+
+def test_every_mixed_case_is_a_pre_merge_case_of_the_mocker(noxfile):
+    keys = {c.key for c in backend_cases(get_backend("mocker"), None, "pre_merge")}
+    listed = {case for cases in noxfile.MIXED_CASES.values() for case in cases}
+    assert listed <= keys, listed - keys
