@@ -63,10 +63,21 @@ class ApiError:
     frame; both carry the same code and message."""
 
     code: int
+    #: ANY_MESSAGE: the code alone is promised (`refused_error`).
     message: str
 
     def __str__(self) -> str:
-        return f"{self.code} {self.message!r}"
+        return f"{self.code} {self.message!r}" if self.message else f"{self.code} (any message)"
+
+
+ANY_MESSAGE = ""
+
+
+def refused_error(error: ApiError) -> ApiError:
+    """`error` as the installed release answers a move it may not make: with its own code and
+    any message where its entry says so (`releases.Facts.refusal_code`)."""
+    code = releases.current().refusal_code
+    return error if code is None else ApiError(code, ANY_MESSAGE)
 
 
 #: The frontend's answer when it cannot or may not move a request to another worker.
@@ -473,5 +484,7 @@ def expected_outcome(
     if not releases.current().counts_refused_moves and outcome.error is not None:
         outcome = replace(outcome, ongoing_request=0, new_request=0)  # refused: no retry
     if lifecycle.silent and outcome.error is not None:
-        return replace(outcome, error=DEADLINE_EXCEEDED)
-    return outcome
+        outcome = replace(outcome, error=DEADLINE_EXCEEDED)
+    return (
+        outcome if outcome.error is None else replace(outcome, error=refused_error(outcome.error))
+    )

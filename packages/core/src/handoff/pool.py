@@ -175,7 +175,9 @@ class Pool:
                 f"the model folder {self.model.path} of {self.backend.name} does not exist: "
                 "fix the backend's model_path setting (handoff config shows where it came from)"
             )
-        self.nats_port = self.leases.take() if self.case.plane == "nats" else None
+        # Where the release's event plane cannot keep to loopback, events go through NATS.
+        nats = self.case.plane == "nats" or not releases.current().event_plane_on_loopback
+        self.nats_port = self.leases.take() if nats else None
         self.discovery = self._discovery()
         self.env = services.runtime_env(
             self.discovery.env(), self.nats_port, releases.current().loopback_env

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import requests
@@ -99,8 +99,19 @@ def run_case(
         verdict = Verdict(
             False, verdict.reasons + problems, verdict.phase, unproven=verdict.unproven
         )
+    verdict = unmixed(verdict, made.deployment)
     verdict = concluded(verdict, made, pools, folder, settings, history)
     return CaseResult(case, verdict, time.monotonic() - started, folder, history)
+
+
+def unmixed(verdict: Verdict, deployment: Deployment | None) -> Verdict:
+    """A mixed deployment's case ran processes of two releases, or it proved nothing of the mix
+    it exists for: not proven (`releases.mixes`)."""
+    pool = deployment.pool if deployment is not None else None
+    if pool is None or pool.mix is None or pool.beside:
+        return verdict
+    unproven = f"mixed deployment: no process of it ran Dynamo {pool.mix.release} ({pool.mix.how})"
+    return replace(verdict, unproven=[*verdict.unproven, unproven])
 
 
 def ended_by(exc: Exception, deployment: Deployment | None, history: History) -> Verdict:
@@ -238,7 +249,8 @@ def teardown(deployment: Deployment | None, history: History) -> list[str]:
         except Exception as exc:
             problems = [raised(exc)]
         removed = deployment.removed
-    history.record("teardown_done", problems=problems, ports=leased, removed=removed)
+    beside = dict(deployment.pool.beside) if deployment is not None else {}
+    history.record("teardown_done", problems=problems, ports=leased, removed=removed, beside=beside)
     return problems
 
 

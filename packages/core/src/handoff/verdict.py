@@ -153,7 +153,7 @@ def carries(response: Response, error: ApiError) -> bool:
     return (
         response.status in (200, error.code)
         and seen.get("code") == error.code
-        and seen.get("message") == error.message
+        and (not error.message or seen.get("message") == error.message)
     )
 
 

@@ -65,6 +65,17 @@ class Facts:
     #: A fault while decoding is counted as an `ongoing_request` migration even where the policy
     #: then refuses the move (migration disabled, or the context past its cap).
     counts_refused_moves: bool = True
+    #: The HTTP code the frontend answers a move it may not make with, whatever its message;
+    #: None: the migration path's own errors (503, 504 for a silent worker; `policies`).
+    refusal_code: int | None = None
+    #: What the frontend logs when a response's stream ends without a cause it migrates on
+    #: (the expired drain's witness, `responses.witnesses.drain_cut`), a regular expression.
+    unmigrated_end: str = (
+        r"Semantic (?:streaming|request) failure class=Internal reason=runtime\.unclassified"
+    )
+    #: Whether its event plane binds and advertises loopback (DYN_EVENT_PLANE_HOST); where it
+    #: does not, every case's events go through a NATS server on loopback.
+    event_plane_on_loopback: bool = True
     #: The known defects (`policies.KnownDefect.issue`) fixed by this release or before it:
     #: their cases are judged by the promise alone there, and pass.
     fixed: frozenset[str] = frozenset()
@@ -109,6 +120,27 @@ RELEASES = (
             ),
             Change("mocker_engine_args", FLAT, "1.5.x's mocker reads one flat MockEngineArgs"),
             Change(
+                "refusal_code",
+                500,
+                "handoff's finding on 1.5.1: a move the policy refuses (migration off, the "
+                "context past its cap, a request that may not move, a silent worker given up "
+                "on) and a request sent while NATS is down end with an HTTP 500 (or an error "
+                "frame of code 500) of varying messages; its runtime has no 'Request deadline "
+                "exceeded'",
+            ),
+            Change(
+                "unmigrated_end",
+                r"Error processing common response: All output transmitters closed",
+                "handoff's finding on 1.5.1: a stream its worker's expired drain ends is logged "
+                "as 'All output transmitters closed', unclassified, and not migrated",
+            ),
+            Change(
+                "event_plane_on_loopback",
+                False,
+                "1.5.x's ZMQ event plane binds every address and advertises the machine's "
+                "(no DYN_EVENT_PLANE_HOST): a partition of loopback cannot cut it",
+            ),
+            Change(
                 "mocker_kv_event_switches",
                 False,
                 "1.5.x's MockEngineArgs has no emit_kv_events nor emit_kv_token_ids",
@@ -125,6 +157,18 @@ RELEASES = (
                 "1.6.0 takes addresses for every host, and adds the event plane's and the "
                 "status server's",
             ),
+            Change(
+                "refusal_code",
+                None,
+                "1.6.0 answers a refused move with the migration path's 503 'Service "
+                "temporarily unavailable', a silent worker's with 504 'Request deadline exceeded'",
+            ),
+            Change(
+                "unmigrated_end",
+                Facts.unmigrated_end,
+                "1.6.0's frontend classes a stream's end ('runtime.unclassified')",
+            ),
+            Change("event_plane_on_loopback", True, "1.6.0 reads DYN_EVENT_PLANE_HOST"),
             Change(
                 "mocker_engine_args",
                 SECTIONS,

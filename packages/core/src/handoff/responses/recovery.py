@@ -22,7 +22,7 @@ from handoff.history import History
 from handoff.lifecycle import Lifecycle
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import receipts, received
-from handoff.policies import SERVICE_UNAVAILABLE
+from handoff.policies import SERVICE_UNAVAILABLE, refused_error
 from handoff.responses import evidence
 from handoff.responses.waits import BROKER_REQUEST_TIMEOUT_S, CaseRun, reference_text
 from handoff.verdict import carries, completion_problems
@@ -224,10 +224,11 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
         "refused_while_down", seconds=seconds, status=response.status, counts=added.as_dict()
     )
     problems = []
-    if not carries(response, SERVICE_UNAVAILABLE) or seconds > bound_s:
+    refused = refused_error(SERVICE_UNAVAILABLE)
+    if not carries(response, refused) or seconds > bound_s:
         problems.append(
             f"a new request sent while the broker was down must be refused with "
-            f"{SERVICE_UNAVAILABLE} within {bound_s:g} s ({attempts} attempt(s) of "
+            f"{refused} within {bound_s:g} s ({attempts} attempt(s) of "
             f"{BROKER_REQUEST_TIMEOUT_S} s); after {seconds:g} s: {response.summary()}"
         )
     if (added.failed, added.succeeded) != (1, 0):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import requests
 
+from handoff import releases
 from handoff.backend import Backend, Worker
 from handoff.deployment import Deployment
 from handoff.history import History
@@ -30,10 +31,6 @@ from handoff.verdict import Verdict, against_known_defect
 DRAIN_TIMED_OUT = re.compile(
     r"Graceful endpoint shutdown timed out|Timed out waiting for inflight requests to drain"
 )
-#: What the frontend logs when a response's stream ends without a cause it can migrate on.
-UNCLASSIFIED = re.compile(
-    r"Semantic (?:streaming|request) failure class=Internal reason=runtime\.unclassified"
-)
 
 Reading = tuple[bool | None, str]
 
@@ -45,13 +42,14 @@ def drain_cut(deployment: Deployment, worker: Worker, history: History) -> Readi
     assert deployment.frontend is not None
     try:
         gave_up = worker_logs.matching(worker.process.log_path, DRAIN_TIMED_OUT)
-        unclassified = worker_logs.matching(deployment.frontend.log_path, UNCLASSIFIED)
+        unmigrated = re.compile(releases.current().unmigrated_end)
+        unclassified = worker_logs.matching(deployment.frontend.log_path, unmigrated)
     except OSError as exc:
         return None, f"a log could not be read: {exc}"
     said = (
         f"{worker.name}'s log {'shows' if gave_up else 'has no line of'} its drain timing out"
-        f"; the frontend's log shows {len(unclassified)} stream(s) ended as "
-        f"'runtime.unclassified'"
+        f"; the frontend's log shows {len(unclassified)} stream(s) ended without a cause it "
+        f"migrates on"
     )
     return bool(gave_up and unclassified), said
 
