@@ -107,6 +107,24 @@ def test_a_selection_the_backend_cannot_fill(tmp_path, env):
     the_line(result, "backend 'example' does not run decode cases:")
 
 
+@pytest.mark.parametrize(
+    ("release", "line"),
+    [
+        ("1.4.2", "ERROR: Dynamo 1.4.2 is not a release handoff knows (1.5.0, 1.5.1, 1.6.0"),
+        ("1.5.1", "ERROR: this environment holds Dynamo 1.6.1, the run asks for 1.5.1: run it "
+         "from `nox -s mocker_pre_merge -- --handoff-dynamo 1.5.1`"),
+    ],
+)  # fmt: skip
+def test_a_release_other_than_the_installed_one_ends_the_run_before_any_case(
+    tmp_path, env, release, line
+):
+    result = qualify(tmp_path, env, "--handoff-dynamo", release, "-n", "2")
+    assert result.returncode == 4
+    lines = [x for x in result.stderr.splitlines() if x.startswith(line)]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("history.json"))
+
+
 def test_a_negative_number_of_spare_workers(tmp_path, env):
     result = qualify(tmp_path, env, "--handoff-spare-workers", "-1")
     assert result.returncode == 2

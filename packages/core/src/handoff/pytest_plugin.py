@@ -137,6 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
     interrupts.remember()
     if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
         _reap("before this run")
+        check_release(config)
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
     # CPU slots and the VRAM ledger; before xdist (trylast) starts its workers.
@@ -250,6 +251,23 @@ def recorded_seconds(config: pytest.Config) -> dict[str, float]:
         return {}
 
 
+def check_release(config: pytest.Config) -> None:
+    """The installed Dynamo release against handoff's entry for it, once a run, before any
+    worker starts (`releases.checked`): a release handoff does not know, or not the one asked
+    for, ends the run in one line. A backend that cannot be had is said at collection."""
+    if not qualifying(config) or not config.getoption("handoff_backend"):
+        return
+    try:
+        backend = chosen_backend(config)
+    except HandoffError:
+        return
+    if backend.release_modules:
+        try:
+            releases.checked(backend.setting("dynamo"), backend.release_modules)
+        except HandoffError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
 def qualifying(config: pytest.Config) -> bool:
     """Whether the run is of handoff's cases (`--pyargs handoff.qualification`)."""
     return "handoff.qualification" in config.args
@@ -348,8 +366,6 @@ def case_params(config: pytest.Config) -> list:
     nats plane's cases need, is not here."""
     backend = chosen_backend(config)
     backend.check_environment()
-    if backend.release_modules:
-        releases.checked(backend.setting("dynamo"), backend.release_modules)
     chosen = config.getoption("handoff_selection")
     cases = selected_cases(config, backend)
     if any(case.plane == "nats" for case in cases):

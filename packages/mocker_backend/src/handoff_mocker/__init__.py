@@ -231,7 +231,7 @@ class MockerBackend(Backend):
     #: from a warm interpreter, kept the CPUs busy 68-78 CPU-s over 573-595 s of their own
     #: time (0.12-0.13 CPUs a case; benchmarks/RESULTS.md): a case mostly waits on its
     #: request, its fault and the frontend's timeouts.
-    cpus_per_case = 0.125
+    cpus_per_case_on_1_6 = 0.125
     distinct_prompts = DISTINCT_PROMPTS
     nondeterministic_because = "the mocker draws each token at random"
     #: The mocker emits one token per step and the frontend forwards each in its own frame.
@@ -252,6 +252,11 @@ class MockerBackend(Backend):
         default, since their replay port binds every address (see `worker_ports`)."""
         self.speedup_ratio = speedup_ratio
         self.kv_record = kv_record
+
+    @property
+    def cpus_per_case(self) -> float:  # type: ignore[override]
+        """The measured 0.125, scaled by what a case costs on the installed release."""
+        return self.cpus_per_case_on_1_6 * releases.current().mocker_cpu_scale
 
     def ports_of(self, role: str) -> tuple[str, ...]:
         return super().ports_of(role) if self.kv_record else ("system",)

@@ -79,6 +79,9 @@ class Facts:
     #: The known defects (`policies.KnownDefect.issue`) fixed by this release or before it:
     #: their cases are judged by the promise alone there, and pass.
     fixed: frozenset[str] = frozenset()
+    #: A mocker case's CPU-seconds against 1.6's, measured: how many cases fit the CPUs at
+    #: once (`handoff_mocker.MockerBackend.cpus_per_case`).
+    mocker_cpu_scale: float = 1.0
     #: Whether its wheels can be installed here; an entry on paper can be compared against.
     installable: bool = True
 
@@ -120,13 +123,19 @@ RELEASES = (
             ),
             Change("mocker_engine_args", FLAT, "1.5.x's mocker reads one flat MockEngineArgs"),
             Change(
+                "mocker_cpu_scale",
+                4.0,
+                "handoff's measurement on 1.5.1: its processes start about 6x slower, and three "
+                "cases alone took 14 CPU-s against 1.6.1's 3.3 (benchmarks/RESULTS.md)",
+            ),
+            Change(
                 "refusal_code",
                 500,
                 "handoff's finding on 1.5.1: a move the policy refuses (migration off, the "
                 "context past its cap, a request that may not move, a silent worker given up "
-                "on) and a request sent while NATS is down end with an HTTP 500 (or an error "
-                "frame of code 500) of varying messages; its runtime has no 'Request deadline "
-                "exceeded'",
+                "on) ends with an HTTP 500 (or an error frame of code 500) of varying "
+                "messages; its runtime has no 'Request deadline exceeded'. A request whose "
+                "every allowed attempt failed still gets the 503",
             ),
             Change(
                 "unmigrated_end",
@@ -169,6 +178,7 @@ RELEASES = (
                 "1.6.0's frontend classes a stream's end ('runtime.unclassified')",
             ),
             Change("event_plane_on_loopback", True, "1.6.0 reads DYN_EVENT_PLANE_HOST"),
+            Change("mocker_cpu_scale", 1.0, "1.6.0's mocker cases: the measured 0.125 CPUs a case"),
             Change(
                 "mocker_engine_args",
                 SECTIONS,
@@ -240,13 +250,16 @@ def checked(wanted: str | None, modules: dict[str, tuple[str, ...]]) -> Facts:
     have = installed()
     if have is None:
         raise HandoffError(f"{DISTRIBUTION} is not installed: run `nox -s mocker_pre_merge`")
+    if wanted is not None:
+        facts(wanted)  # one handoff knows, else the line that says which it knows
     if wanted is not None and have != wanted:
         raise HandoffError(
             f"this environment holds Dynamo {have}, the run asks for {wanted}: run it from "
             f"`nox -s mocker_pre_merge -- --handoff-dynamo {wanted}`, which installs {wanted}"
         )
     release = facts(have)
-    lacking = [f"{m} {f}" for m, flags in modules.items() for f in flags if f not in usage(m)]
+    helps = usages(list(modules))
+    lacking = [f"{m} {f}" for m, flags in modules.items() for f in flags if f not in helps[m]]
     with runtime_binary() as binary:
         names = [f"metric {m}" for m in release.metrics]
         names += [f"variable {v}" for v in release.loopback_env]
@@ -269,12 +282,19 @@ def written(binary: mmap.mmap, name: str) -> bool:
     )
 
 
-def usage(module: str) -> str:
-    """`python -m module --help` of this interpreter."""
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
-    )
-    return done.stdout
+def usages(modules: list[str]) -> dict[str, str]:
+    """`python -m MODULE --help` of this interpreter for each module, all at once (each
+    imports its module: seconds)."""
+    helps = {
+        m: subprocess.Popen(
+            [sys.executable, "-m", m, "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for m in modules
+    }
+    return {m: process.communicate(timeout=120)[0] for m, process in helps.items()}
 
 
 def runtime_binary() -> mmap.mmap:

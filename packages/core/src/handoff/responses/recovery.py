@@ -224,7 +224,10 @@ def refusal_problems(deployment: Deployment, request: Request, history: History)
         "refused_while_down", seconds=seconds, status=response.status, counts=added.as_dict()
     )
     problems = []
-    refused = refused_error(SERVICE_UNAVAILABLE)
+    # Every attempt failed: the migration path's 503; a policy that allows none refuses at the
+    # first, as the release answers a refused move (`policies.refused_error`).
+    limited = deployment.policy.migration_limit
+    refused = SERVICE_UNAVAILABLE if limited else refused_error(SERVICE_UNAVAILABLE)
     if not carries(response, refused) or seconds > bound_s:
         problems.append(
             f"a new request sent while the broker was down must be refused with "

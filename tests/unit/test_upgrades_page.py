@@ -1,0 +1,43 @@
+"""docs/upgrades.md says what the code does: its tables of mixes and of kinds of difference are
+the code's, and the releases it names are ones handoff knows."""
+
+import re
+from pathlib import Path
+
+from handoff import releases
+from handoff.releases import mixes
+from handoff.runs import compare
+
+PAGE = (Path(__file__).parents[2] / "docs" / "upgrades.md").read_text()
+
+
+def rows(heading: str) -> list[str]:
+    """The first cells of the table after `heading` (its header row left out)."""
+    section = PAGE[PAGE.index(heading) :]
+    table = re.search(r"((?:^\|.*\|\n)+)", section, re.M).group(1).splitlines()
+    return [line.split("|")[1].strip() for line in table[2:]]
+
+
+def test_the_mixes_are_the_codes():
+    assert rows("| mix |") == list(mixes.MIXES)
+
+
+def test_the_kinds_of_difference_are_the_codes():
+    kinds = [compare.REGRESSION, compare.FIX_ARRIVED, compare.NEW_DEFECT, compare.FLIPPED]
+    kinds += [compare.MEANING, f"{compare.ONLY_A}, {compare.ONLY_B}"]
+    assert rows("| kind |") == kinds
+
+
+def test_every_release_the_page_names_is_known():
+    named = set(re.findall(r"\b1\.\d\.\d\b", PAGE))
+    assert named <= set(releases.known()), named - set(releases.known())
+    assert "1.7.1" in named and not releases.facts("1.7.1").installable
+
+
+def test_each_difference_it_lists_between_1_5_1_and_1_6_is_an_entry():
+    changed = {change.field for _, change in releases.changes_between("1.5.1", "1.6.0")}
+    assert {
+        "mocker_engine_args", "loopback_env", "event_plane_on_loopback", "refusal_code",
+        "unmigrated_end",
+    } <= changed  # fmt: skip
+    assert len(rows("| what | 1.5.1 |")) == 5
