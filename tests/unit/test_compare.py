@@ -119,3 +119,14 @@ def test_a_run_recorded_before_runs_named_their_release_still_loads(tmp_path):
     data.pop("dynamo")
     (tmp_path / "a" / "results.json").write_text(json.dumps(data))
     assert RunResults.load(tmp_path / "a").dynamo == "" == results.dynamo
+
+
+def test_the_changes_between_two_releases_are_listed_beside_the_verdicts(tmp_path, capsys):
+    """1.5.1 and 1.6.1 judge the same case by their own entries: no verdict differs, and the
+    changes the releases between made are listed, each with its cause."""
+    run(tmp_path, "a", "1.5.1", [record("t/x", "passed")])
+    run(tmp_path, "b", "1.6.1", [record("t/x", "passed")])
+    assert compare.main(tmp_path / "a", tmp_path / "b", Console(file=None, width=300)) == 0
+    out = capsys.readouterr().out
+    assert "no difference" in out and "refusal_code" in out and "mocker_engine_args" in out
+    assert "refusal_code" in (tmp_path / "b" / "report.html").read_text()

@@ -149,7 +149,7 @@ class Deployment:
         assert self.model is not None
         self.http_port = leases.take()
         command = frontend_command(self.http_port, self.model, self.case.plane, self.policy)
-        command = self.pool.launched(name, command, "frontend", "", 0, False)
+        command = self.pool.launched(command, "frontend", "", 0, False)
         self.frontend = ManagedProcess(
             name,
             command,

@@ -141,10 +141,8 @@ class Pool:
         self._mirror_thread: threading.Thread | None = None
         self.mirror_failure: str | None = None
         self._serial = count()
-        #: Which processes run from another release, if the settings mix two.
+        #: The settings' mix of two releases, if any.
         self.mix = mixes.configured(backend.setting("mix"), backend.setting("beside"))
-        #: The processes that run from the other release: name -> its release.
-        self.beside: dict[str, str] = {}
         #: The GPU reservation the workers run under, if the case that started them had one.
         self.gpu: vram_ledger.Hold | None = None
         #: Whether the wall clock, which the workers' discovery leases run on, held.
@@ -252,7 +250,7 @@ class Pool:
             env["DYN_FILE_KV"] = str(self.own_store[name])
         if self.layout.pinned:
             env["ETCD_ENDPOINTS"] = self._pin(name).client_url
-        argv = self.launched(name, list(launch.argv), "worker", role, serial, joining)
+        argv = self.launched(list(launch.argv), "worker", role, serial, joining)
         process = self._spawn(name, argv, env, launch.niceness)
         return Worker(name, role, process, ports, self.backend.engine_core)
 
@@ -377,12 +375,14 @@ class Pool:
         frontend lists it once it registers: a replacement in a soak (benchmarks/load_soak.py)."""
         return self._start_worker(role, joining=True)
 
-    def launched(self, name: str, argv: list[str], *place) -> list[str]:
-        """`argv` as the mix runs process `name` (`mixes.Mix.runs_beside` of `place`)."""
-        if self.mix is None or not self.mix.runs_beside(*place):
-            return argv
-        self.beside[name] = self.mix.release
-        return self.mix.argv(argv, True)
+    def launched(self, argv: list[str], *place) -> list[str]:
+        """`argv` as the mix runs the process at `place` (`mixes.Mix.runs_beside`)."""
+        return argv if self.mix is None else self.mix.argv(argv, self.mix.runs_beside(*place))
+
+    def beside(self, processes: list[ManagedProcess]) -> dict[str, str]:
+        """Those of `processes` that ran the mix's other release: name -> release."""
+        mix = self.mix
+        return {p.name: mix.release for p in processes if mix and p.argv[0] == mix.python}
 
     def replace_beside_case(self, worker: Worker) -> Worker | None:
         """`replace` while the worker's case still runs; a pool that keeps no spare leaves it

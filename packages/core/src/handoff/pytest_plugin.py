@@ -45,6 +45,26 @@ MARKERS = {
 }
 
 
+def add_release_options(group) -> None:
+    """The Dynamo release a run qualifies, and the other one a mixed deployment runs."""
+    group.addoption(
+        "--handoff-dynamo",
+        metavar="VERSION",
+        help="the Dynamo release this run qualifies: the run fails at once where this "
+        "environment holds another (default: the dynamo setting, else the one installed)",
+    )
+    group.addoption(
+        "--handoff-beside",
+        metavar="VERSION",
+        help="another Dynamo release, whose processes a mixed deployment runs (--handoff-mix)",
+    )
+    group.addoption(
+        "--handoff-mix",
+        help="which processes run from the --handoff-beside release: frontend, alternate, "
+        "replacements or prefill (docs/upgrades.md)",
+    )
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("handoff", "handoff migration qualification")
     group.addoption("--handoff-backend", help="backend whose cases to run, e.g. mocker")
@@ -62,22 +82,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only this case: <topology>/<case id>, or a case id in any topology "
         "(repeatable; `handoff cases` lists them)",
     )
-    group.addoption(
-        "--handoff-dynamo",
-        metavar="VERSION",
-        help="the Dynamo release this run qualifies: the run fails at once where this "
-        "environment holds another (default: the dynamo setting, else the one installed)",
-    )
-    group.addoption(
-        "--handoff-beside",
-        metavar="VERSION",
-        help="another Dynamo release, whose processes a mixed deployment runs (--handoff-mix)",
-    )
-    group.addoption(
-        "--handoff-mix",
-        help="which processes run from the --handoff-beside release: frontend, alternate, "
-        "replacements or prefill (docs/upgrades.md)",
-    )
+    add_release_options(group)
     group.addoption(
         "--handoff-logs",
         default=".handoff/runs",

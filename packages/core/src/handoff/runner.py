@@ -108,10 +108,17 @@ def unmixed(verdict: Verdict, deployment: Deployment | None) -> Verdict:
     """A mixed deployment's case ran processes of two releases, or it proved nothing of the mix
     it exists for: not proven (`releases.mixes`)."""
     pool = deployment.pool if deployment is not None else None
-    if pool is None or pool.mix is None or pool.beside:
+    if pool is None or pool.mix is None or ran_beside(deployment):
         return verdict
     unproven = f"mixed deployment: no process of it ran Dynamo {pool.mix.release} ({pool.mix.how})"
     return replace(verdict, unproven=[*verdict.unproven, unproven])
+
+
+def ran_beside(deployment: Deployment) -> dict[str, str]:
+    """The processes of the case's deployment that ran the mix's other release, replacements
+    started in its pool included: name -> release."""
+    frontend = [deployment.frontend] if deployment.frontend else []
+    return deployment.pool.beside([*deployment.pool.processes, *frontend])
 
 
 def ended_by(exc: Exception, deployment: Deployment | None, history: History) -> Verdict:
@@ -178,7 +185,7 @@ def deploy_and_exercise(
         workers=[w.name for w in deployment.workers],
         pids={p.name: p.pid for p in deployment.processes},
         ports=deployment.ports,
-        beside=dict(deployment.pool.beside),
+        beside=ran_beside(deployment),
     )
     return exercise(CaseRun(deployment, case, settings, deadline, history, draws_before))
 
@@ -249,7 +256,7 @@ def teardown(deployment: Deployment | None, history: History) -> list[str]:
         except Exception as exc:
             problems = [raised(exc)]
         removed = deployment.removed
-    beside = dict(deployment.pool.beside) if deployment is not None else {}
+    beside = ran_beside(deployment) if deployment is not None else {}
     history.record("teardown_done", problems=problems, ports=leased, removed=removed, beside=beside)
     return problems
 

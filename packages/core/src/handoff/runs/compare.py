@@ -109,6 +109,24 @@ def table(a: RunResults, b: RunResults, differences: list[Difference]) -> Table:
     return grid
 
 
+def recorded_changes(a: RunResults, b: RunResults) -> list[tuple[str, releases.Change]]:
+    """What the releases between the runs changed that handoff judges by: each case it touches
+    was judged by its own release's entry, so a behaviour recorded there differs between the
+    runs without a verdict that differs."""
+    if not a.dynamo or not b.dynamo or a.dynamo == b.dynamo:
+        return []
+    return releases.changes_between(a.dynamo, b.dynamo)
+
+
+def changes_table(changes: list[tuple[str, releases.Change]]) -> Table:
+    grid = Table(title="what the releases between changed, judged by each run's own entry")
+    for column in ("release", "what", "cause"):
+        grid.add_column(column, overflow="fold")
+    for version, change in changes:
+        grid.add_row(version, change.field, change.cause)
+    return grid
+
+
 def html_section(a: RunResults, b: RunResults, differences: list[Difference]) -> str:
     """The comparison as a section of B's report.html."""
     rows = "".join(
@@ -118,10 +136,20 @@ def html_section(a: RunResults, b: RunResults, differences: list[Difference]) ->
     )
     head = "<tr><th>case</th><th>A</th><th>B</th><th>difference</th><th>cause</th></tr>"
     summary = f"{len(differences)} difference(s)" if differences else "no difference"
+    changes = "".join(
+        f"<tr><td>{escape(v)}</td><td>{escape(c.field)}</td><td>{escape(c.cause)}</td></tr>"
+        for v, c in recorded_changes(a, b)
+    )
+    recorded = (
+        f"<h3>What the releases between changed</h3><table><tr><th>release</th><th>what</th>"
+        f"<th>cause</th></tr>{changes}</table>"
+        if changes
+        else ""
+    )
     return (
         f'<section id="compare"><h2>Compared with {escape(a.run_dir)} (Dynamo '
         f"{escape(a.dynamo or '?')}): {summary}</h2>"
-        f"<table>{head}{rows}</table></section>"
+        f"<table>{head}{rows}</table>{recorded}</section>"
     )
 
 
@@ -132,6 +160,8 @@ def main(run_a: Path, run_b: Path, console: Console | None = None) -> int:
     console = console or Console(width=max(Console().width, 160))
     if differences:
         console.print(table(a, b, differences))
+    if changes := recorded_changes(a, b):
+        console.print(changes_table(changes))
     verdict = f"{len(differences)} difference(s)" if differences else "no difference"
     console.print(f"{verdict} between {run_a} and {run_b}", markup=False, highlight=False)
     path = write_html(b, run_b, extra=html_section(a, b, differences))
