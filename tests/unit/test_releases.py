@@ -29,6 +29,13 @@ def test_each_release_is_the_one_before_with_its_changes():
     assert releases.facts("1.7.1").installable is False
 
 
+def test_a_value_is_set_by_the_last_change_at_or_before_its_release():
+    assert releases.set_by("1.5.1", "refusal_code").startswith("handoff's finding on 1.5.1")
+    assert releases.set_by("1.6.1", "refusal_code").startswith("1.6.0 answers a refused move")
+    assert releases.set_by("1.6.1", "counts_refused_moves") == "handoff's default"
+    assert releases.set_by("1.7.1", "counts_refused_moves").startswith("1.7.1's release notes")
+
+
 def test_the_changes_between_two_releases_are_the_same_either_way_round():
     forward = releases.changes_between("1.5.1", "1.6.1")
     assert forward == releases.changes_between("1.6.1", "1.5.1")

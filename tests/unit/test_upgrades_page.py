@@ -38,6 +38,6 @@ def test_each_difference_it_lists_between_1_5_1_and_1_6_is_an_entry():
     changed = {change.field for _, change in releases.changes_between("1.5.1", "1.6.0")}
     assert {
         "mocker_engine_args", "loopback_env", "event_plane_on_loopback", "refusal_code",
-        "unmigrated_end",
+        "unmigrated_end", "mocker_cpu_scale",
     } <= changed  # fmt: skip
-    assert len(rows("| what | 1.5.1 |")) == 5
+    assert len(rows("| what | 1.5.1 |")) == 6

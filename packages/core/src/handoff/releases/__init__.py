@@ -235,6 +235,15 @@ def changes_between(older: str, newer: str) -> list[tuple[str, Change]]:
     return [(r.version, c) for r in RELEASES[first + 1 : last + 1] for c in r.changes]
 
 
+def set_by(version: str, name: str) -> str:
+    """The cause of the value `version` has for the fact `name`: its last change at or before
+    `version`; handoff's default where none changed it."""
+    causes = ["handoff's default"]
+    for release in RELEASES[: known().index(version) + 1]:
+        causes += [c.cause for c in release.changes if c.field == name]
+    return causes[-1]
+
+
 def installed() -> str | None:
     """The ai-dynamo release this interpreter has; None where it has none."""
     try:

@@ -109,21 +109,48 @@ def table(a: RunResults, b: RunResults, differences: list[Difference]) -> Table:
     return grid
 
 
-def recorded_changes(a: RunResults, b: RunResults) -> list[tuple[str, releases.Change]]:
-    """What the releases between the runs changed that handoff judges by: each case it touches
-    was judged by its own release's entry, so a behaviour recorded there differs between the
-    runs without a verdict that differs."""
+@dataclass(frozen=True)
+class Changed:
+    """A fact of the releases that differs between the runs: each run was judged by its own."""
+
+    name: str
+    before: str
+    after: str
+    why_before: str
+    why_after: str
+
+
+def recorded_changes(a: RunResults, b: RunResults) -> list[Changed]:
+    """The facts handoff judges by that differ between the runs' releases, each value with its
+    cause: a behaviour recorded there differs between the runs with no verdict that differs."""
     if not a.dynamo or not b.dynamo or a.dynamo == b.dynamo:
         return []
-    return releases.changes_between(a.dynamo, b.dynamo)
+    names = dict.fromkeys(c.field for _, c in releases.changes_between(a.dynamo, b.dynamo))
+    old, new = releases.facts(a.dynamo), releases.facts(b.dynamo)
+    return [
+        Changed(
+            name,
+            shown(getattr(old, name)),
+            shown(getattr(new, name)),
+            releases.set_by(a.dynamo, name),
+            releases.set_by(b.dynamo, name),
+        )
+        for name in names
+        if getattr(old, name) != getattr(new, name)
+    ]
 
 
-def changes_table(changes: list[tuple[str, releases.Change]]) -> Table:
-    grid = Table(title="what the releases between changed, judged by each run's own entry")
-    for column in ("release", "what", "cause"):
+def shown(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def changes_table(a: RunResults, b: RunResults, changes: list[Changed]) -> Table:
+    grid = Table(title="what the releases differ in, each run judged by its own release's entry")
+    for column in ("what", f"A ({a.dynamo})", f"B ({b.dynamo})", "why A", "why B"):
         grid.add_column(column, overflow="fold")
-    for version, change in changes:
-        grid.add_row(version, change.field, change.cause)
+    for c in changes:
+        grid.add_row(c.name, c.before, c.after, c.why_before, c.why_after)
     return grid
 
 
@@ -137,12 +164,12 @@ def html_section(a: RunResults, b: RunResults, differences: list[Difference]) ->
     head = "<tr><th>case</th><th>A</th><th>B</th><th>difference</th><th>cause</th></tr>"
     summary = f"{len(differences)} difference(s)" if differences else "no difference"
     changes = "".join(
-        f"<tr><td>{escape(v)}</td><td>{escape(c.field)}</td><td>{escape(c.cause)}</td></tr>"
-        for v, c in recorded_changes(a, b)
+        "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in vars(c).values()) + "</tr>"
+        for c in recorded_changes(a, b)
     )
+    heads = "".join(f"<th>{h}</th>" for h in ("what", "A", "B", "why A", "why B"))
     recorded = (
-        f"<h3>What the releases between changed</h3><table><tr><th>release</th><th>what</th>"
-        f"<th>cause</th></tr>{changes}</table>"
+        f"<h3>What the releases differ in</h3><table><tr>{heads}</tr>{changes}</table>"
         if changes
         else ""
     )
@@ -161,7 +188,7 @@ def main(run_a: Path, run_b: Path, console: Console | None = None) -> int:
     if differences:
         console.print(table(a, b, differences))
     if changes := recorded_changes(a, b):
-        console.print(changes_table(changes))
+        console.print(changes_table(a, b, changes))
     verdict = f"{len(differences)} difference(s)" if differences else "no difference"
     console.print(f"{verdict} between {run_a} and {run_b}", markup=False, highlight=False)
     path = write_html(b, run_b, extra=html_section(a, b, differences))
