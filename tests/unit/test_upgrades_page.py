@@ -41,3 +41,12 @@ def test_each_difference_it_lists_between_1_5_1_and_1_6_is_an_entry():
         "unmigrated_end", "mocker_cpu_scale",
     } <= changed  # fmt: skip
     assert len(rows("| what | 1.5.1 |")) == 6
+
+
+def test_the_cases_at_once_it_gives_are_the_mockers(monkeypatch):
+    from handoff_mocker import MockerBackend
+
+    assert "4 cases at once on 2 CPUs" in PAGE and "16 cases at once on 2 CPUs" in PAGE
+    for release, at_once in (("1.5.1", 4), ("1.6.1", 16)):
+        monkeypatch.setattr(releases, "current", lambda r=release: releases.facts(r))
+        assert 2 / MockerBackend().cpus_per_case == at_once
