@@ -2,11 +2,15 @@
 mix that cannot be made."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
+from handoff import runner
 from handoff.errors import HandoffError
+from handoff.pool import Pool
 from handoff.releases import mixes
+from handoff.verdict import NOT_PROVEN, Verdict
 
 ARGV = [sys.executable, "-m", "dynamo.mocker", "--model-name", "m"]
 
@@ -82,3 +86,23 @@ def test_an_interpreter_holding_another_release_is_refused(tmp_path, monkeypatch
     mixes.release_of.cache_clear()
     with pytest.raises(HandoffError, match=r"holds Dynamo 1\.6\.1, not 1\.6\.0"):
         mixes.configured("alternate", "1.6.0")
+
+
+def launched(name, argv):
+    return SimpleNamespace(name=name, argv=argv)
+
+
+def test_a_mixed_case_that_ran_no_process_of_the_other_release_is_not_proven():
+    """The mix is what such a case exists for: a replacements mix whose case started no
+    replacement proved nothing of a rolling upgrade."""
+    mix = mixes.Mix("replacements", "1.6.0", "/venv/bin/python")
+    pool = SimpleNamespace(mix=mix, processes=[launched("worker-0-aggregate", ARGV)])
+    pool.beside = lambda processes: Pool.beside(pool, processes)
+    deployment = SimpleNamespace(pool=pool, frontend=launched("frontend", ARGV))
+    passed = Verdict(True, [], "verdict")
+    judged = runner.unmixed(passed, deployment)
+    assert judged.outcome == NOT_PROVEN
+    assert judged.unproven == ["mixed deployment: no process of it ran Dynamo 1.6.0 (replacements)"]
+    pool.processes.append(launched("worker-2-aggregate", mix.argv(ARGV, True)))
+    assert runner.ran_beside(deployment) == {"worker-2-aggregate": "1.6.0"}
+    assert runner.unmixed(passed, deployment).passed

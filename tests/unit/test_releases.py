@@ -4,8 +4,9 @@ one line, and what a release changed moves the verdict the way its entry says.""
 
 import pytest
 
-from handoff import policies, releases
+from handoff import policies, releases, verdict
 from handoff.cases import Case
+from handoff.client import Response
 from handoff.errors import HandoffError
 from handoff.lifecycle import of as lifecycle_of
 from handoff_mocker import MockerBackend, engine_arguments
@@ -102,3 +103,27 @@ def test_a_defect_a_release_fixed_is_not_expected_there(monkeypatch):
 def test_the_mocker_checks_the_flags_it_passes():
     assert set(MockerBackend.release_modules) == {"dynamo.frontend", "dynamo.mocker"}
     assert "--extra-engine-args" in MockerBackend.release_modules["dynamo.mocker"]
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "carried"),
+    [
+        (500, {"code": 500, "message": "Failed to generate completions"}, True),
+        (200, {"code": 500, "message": "Internal server error"}, True),
+        (503, {"code": 503, "message": "Service temporarily unavailable"}, False),
+        (200, None, False),
+        (404, {"code": 404, "message": "Not found"}, False),
+    ],
+)
+def test_a_release_that_refuses_with_500_still_fails_any_other_answer(
+    monkeypatch, status, error, carried
+):
+    """On 1.5.x the code is promised, not the message; on 1.6.x both."""
+    monkeypatch.setattr(releases, "current", lambda: releases.facts("1.5.1"))
+    refused = policies.refused_error(policies.SERVICE_UNAVAILABLE)
+    assert str(refused) == "500 (any message)"
+    assert verdict.carries(Response(status=status, error=error), refused) is carried
+    monkeypatch.setattr(releases, "current", lambda: releases.facts("1.6.1"))
+    assert policies.refused_error(policies.SERVICE_UNAVAILABLE) == policies.SERVICE_UNAVAILABLE
+    strict = verdict.carries(Response(status=status, error=error), policies.SERVICE_UNAVAILABLE)
+    assert strict is (status == 503)
