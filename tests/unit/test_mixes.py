@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from handoff import runner
+from handoff import releases, runner
 from handoff.errors import HandoffError
 from handoff.pool import Pool
 from handoff.releases import mixes
@@ -66,24 +66,35 @@ def test_a_release_with_no_virtualenv_names_the_session_that_makes_it(tmp_path, 
         mixes.configured("frontend", "1.6.0")
 
 
-def test_releases_launched_unlike_each_other_are_refused_naming_what_differs(tmp_path, monkeypatch):
-    """1.5.x and 1.6.x take their loopback variables and engine arguments unlike each other."""
-    monkeypatch.chdir(tmp_path)
-    python = mixes.interpreter("1.5.1")
+def fake_interpreter(release):
+    """A virtualenv's interpreter for `release` that runs this one (which holds 1.6.1)."""
+    python = mixes.interpreter(release)
     python.parent.mkdir(parents=True)
-    python.symlink_to(sys.executable)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    mixes.release_of.cache_clear()
+    return python
+
+
+def test_a_process_run_beside_is_launched_as_its_own_release_says(tmp_path, monkeypatch):
+    """1.5.x and 1.6.x take their loopback variables and engine arguments unlike each other:
+    a worker of 1.5.1 in a 1.6.1 pool gets 1.5.1's."""
+    monkeypatch.chdir(tmp_path)
+    fake_interpreter("1.5.1")
     monkeypatch.setattr(mixes, "release_of", lambda python: "1.5.1")
-    with pytest.raises(HandoffError, match="loopback_env, mocker_engine_args"):
-        mixes.configured("alternate", "1.5.1")
+    mix = mixes.configured("alternate", "1.5.1")
+    pool = SimpleNamespace(mix=mix)
+    for beside, layout, host in ((False, "sections", "127.0.0.1"), (True, "flat", "lo")):
+        with Pool.launching(pool, beside):
+            assert releases.current().mocker_engine_args == layout
+        env = Pool.beside_env(pool, beside)
+        assert env.get("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1") == host
+    assert releases.current().version == releases.installed()
 
 
 def test_an_interpreter_holding_another_release_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    python = mixes.interpreter("1.6.0")
-    python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this one holds 1.6.1
-    python.chmod(0o755)
-    mixes.release_of.cache_clear()
+    fake_interpreter("1.6.0")
     with pytest.raises(HandoffError, match=r"holds Dynamo 1\.6\.1, not 1\.6\.0"):
         mixes.configured("alternate", "1.6.0")
 

@@ -149,11 +149,13 @@ class Deployment:
         assert self.model is not None
         self.http_port = leases.take()
         command = frontend_command(self.http_port, self.model, self.case.plane, self.policy)
-        command = self.pool.launched(command, "frontend", "", 0, False)
+        beside = self.pool.runs_beside("frontend", "", 0, False)
+        if self.pool.mix and beside:
+            command = self.pool.mix.argv(command, True)
         self.frontend = ManagedProcess(
             name,
             command,
-            {**self.pool.env, **self.pool.frontend_env(), **env},
+            {**self.pool.env, **self.pool.frontend_env(), **self.pool.beside_env(beside), **env},
             self.folder / f"{name}.log",
             preloader=self.pool.preloader,
         )

@@ -30,6 +30,7 @@ A fresh deployment (`--handoff-fresh`) is a pool of its own, used by one case an
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 from collections import Counter
@@ -174,7 +175,8 @@ class Pool:
                 "fix the backend's model_path setting (handoff config shows where it came from)"
             )
         # Where the release's event plane cannot keep to loopback, events go through NATS.
-        nats = self.case.plane == "nats" or not releases.current().event_plane_on_loopback
+        loose = [releases.current()] + ([releases.facts(self.mix.release)] if self.mix else [])
+        nats = self.case.plane == "nats" or not all(f.event_plane_on_loopback for f in loose)
         self.nats_port = self.leases.take() if nats else None
         self.discovery = self._discovery()
         self.env = services.runtime_env(
@@ -240,17 +242,19 @@ class Pool:
     def _start_worker(self, role: str, spare: bool = False, joining: bool = False) -> Worker:
         assert self.model is not None
         ports = {name: self.leases.take() for name in self.backend.ports_of(role)}
-        launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         serial = next(self._serial)
+        beside = self.runs_beside("worker", role, serial, joining)
+        with self.launching(beside):
+            launch = self.backend.worker(role, self.case, self.model, ports, self.folder)
         name = f"worker-{serial}-{role}"
         own = lifecycle.of(self.case.fault).worker_env
-        env = {**launch.env, **(own[1] if own else {})}
+        env = {**launch.env, **(own[1] if own else {}), **self.beside_env(beside)}
         if spare and self.layout.keeps_spares_unseen:
             self.own_store[name] = self.folder / f"{name}-discovery"
             env["DYN_FILE_KV"] = str(self.own_store[name])
         if self.layout.pinned:
             env["ETCD_ENDPOINTS"] = self._pin(name).client_url
-        argv = self.launched(list(launch.argv), "worker", role, serial, joining)
+        argv = self.mix.argv(list(launch.argv), True) if self.mix and beside else list(launch.argv)
         process = self._spawn(name, argv, env, launch.niceness)
         return Worker(name, role, process, ports, self.backend.engine_core)
 
@@ -375,9 +379,21 @@ class Pool:
         frontend lists it once it registers: a replacement in a soak (benchmarks/load_soak.py)."""
         return self._start_worker(role, joining=True)
 
-    def launched(self, argv: list[str], *place) -> list[str]:
-        """`argv` as the mix runs the process at `place` (`mixes.Mix.runs_beside`)."""
-        return argv if self.mix is None else self.mix.argv(argv, self.mix.runs_beside(*place))
+    def runs_beside(self, *place) -> bool:
+        """Whether the process at `place` runs the mix's other release (`Mix.runs_beside`)."""
+        return self.mix is not None and self.mix.runs_beside(*place)
+
+    def launching(self, beside: bool) -> contextlib.AbstractContextManager:
+        """Where a process is launched as its release's entry says: the other release's for a
+        process run beside (`releases.launching`)."""
+        if self.mix is None or not beside:
+            return contextlib.nullcontext()
+        return releases.launching(self.mix.release)
+
+    def beside_env(self, beside: bool) -> dict[str, str]:
+        """The variables that keep a process of the other release on loopback, over the
+        pool's (which are the installed release's)."""
+        return dict(releases.facts(self.mix.release).loopback_env) if self.mix and beside else {}
 
     def beside(self, processes: list[ManagedProcess]) -> dict[str, str]:
         """Those of `processes` that ran the mix's other release: name -> release."""

@@ -10,6 +10,8 @@ start in one line naming what differs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.metadata
 import importlib.util
@@ -17,6 +19,7 @@ import mmap
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from handoff.errors import HandoffError
@@ -315,8 +318,28 @@ def runtime_binary() -> mmap.mmap:
         return mmap.mmap(binary.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-@functools.cache
+#: The release a process being launched runs, where it is not this interpreter's (a mix).
+LAUNCHING: contextvars.ContextVar[Facts | None] = contextvars.ContextVar("launching", default=None)
+
+
 def current() -> Facts:
+    """The facts of the release at hand: the one a process is being launched from
+    (`launching`), else this interpreter's."""
+    return LAUNCHING.get() or installed_facts()
+
+
+@functools.cache
+def installed_facts() -> Facts:
     """The facts of the release this interpreter has (the default's where it has none: a
     machine that lists cases, or runs them inside a runtime image)."""
     return facts(installed() or DEFAULT)
+
+
+@contextlib.contextmanager
+def launching(version: str) -> Iterator[Facts]:
+    """Within it, `current` is `version`'s: a process of a mix launched as its release says."""
+    token = LAUNCHING.set(facts(version))
+    try:
+        yield LAUNCHING.get()
+    finally:
+        LAUNCHING.reset(token)

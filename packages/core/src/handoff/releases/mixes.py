@@ -1,8 +1,9 @@
 """Deployments of mixed Dynamo releases, as a rolling upgrade leaves them: some of a case's
 processes run from another release's interpreter (the `beside` setting), chosen by the `mix`
-setting. The case, its workload and its checks are the same; what the mix adds is checked by
-the launch (each process runs the release it was given, read from its interpreter) and recorded
-in the history (`launch_release` events), so that a verdict names the releases it judged.
+setting. Each process is launched as its own release's entry says (its variables, its engine
+arguments), from an interpreter checked to hold that release. The case, its workload and its
+checks are the same; the processes that ran the other release are recorded in the history
+(`ready` and `teardown_done`), and a case none of whose processes did is not proven.
 
 Dynamo promises frontends and workers up to two releases apart work together, both ways; not
 prefill with decode of different releases, which `prefill` shows without a promise to hold.
@@ -28,9 +29,6 @@ MIXES = {
     "prefill": "the prefill workers run from the beside release, the rest from the installed "
     "one (Dynamo does not promise prefill and decode of different releases)",
 }
-#: The facts a launch is built from: a mix needs them equal in both releases (each process is
-#: launched as the installed release's entry says).
-LAUNCH_FACTS = ("loopback_env", "mocker_engine_args", "mocker_kv_event_switches")
 
 
 @dataclass(frozen=True)
@@ -73,9 +71,9 @@ def release_of(python: str) -> str:
 
 
 def configured(how: str | None, release: str | None) -> Mix | None:
-    """The mix the settings ask for, checked: a known mix, a release beside, its interpreter
-    there and holding it, and launched as the installed release is; else one line naming the
-    fix."""
+    """The mix the settings ask for, checked: a known mix, a release handoff knows beside, its
+    interpreter there and holding it; else one line naming the fix. Each process is launched
+    as its own release's entry says (`Pool.launching`)."""
     if how is None and release is None:
         return None
     if how not in MIXES or release is None:
@@ -91,12 +89,5 @@ def configured(how: str | None, release: str | None) -> Mix | None:
         )
     if (held := release_of(str(python))) != release:
         raise HandoffError(f"{python} holds Dynamo {held}, not {release}: remove its folder")
-    ours, theirs = releases.current(), releases.facts(release)
-    differ = [f for f in LAUNCH_FACTS if getattr(ours, f) != getattr(theirs, f)]
-    if differ:
-        raise HandoffError(
-            f"Dynamo {release} is launched unlike {ours.version} ({', '.join(differ)}): "
-            f"handoff launches every process of a mix as the installed release's entry says; "
-            f"mix releases whose launches agree"
-        )
+    releases.facts(release)  # one handoff knows
     return Mix(how, release, str(python))
