@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "tests"]
@@ -383,13 +384,19 @@ def mixed(session: nox.Session) -> None:
     (old, new), rest = session.posargs[:2], session.posargs[2:]
     install_debian(session, QUALIFY_BINARIES, required=False)
     pythons = {release: release_python(session, release) for release in (old, new)}
+    failed = []
     for mix, cases in MIXED_CASES.items():
         ways = [(old, new)] if mix == "replacements" else [(old, new), (new, old)]
         for installed, beside in ways:
             chosen = [arg for case in cases for arg in ("--handoff-case", case)]
-            session.run(
-                pythons[installed], "-m", *QUALIFY, "--handoff-backend", "mocker",
-                "--handoff-fresh", "-n", str(len(cases)), "--handoff-dynamo", installed,
-                "--handoff-beside", beside, "--handoff-mix", mix, *chosen, *rest,
-                external=True,
-            )  # fmt: skip
+            try:  # every mix runs; the session fails at the end, naming those that failed
+                session.run(
+                    pythons[installed], "-m", *QUALIFY, "--handoff-backend", "mocker",
+                    "--handoff-fresh", "-n", str(len(cases)), "--handoff-dynamo", installed,
+                    "--handoff-beside", beside, "--handoff-mix", mix, *chosen, *rest,
+                    external=True,
+                )  # fmt: skip
+            except CommandFailed:
+                failed.append(f"{mix} ({installed} with {beside} beside)")
+    if failed:
+        session.error(f"mixed deployments with a failed case: {', '.join(failed)}")

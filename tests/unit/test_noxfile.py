@@ -118,3 +118,22 @@ def test_every_mixed_case_is_a_pre_merge_case_of_the_mocker(noxfile):
     keys = {c.key for c in backend_cases(get_backend("mocker"), None, "pre_merge")}
     listed = {case for cases in noxfile.MIXED_CASES.values() for case in cases}
     assert listed <= keys, listed - keys
+
+
+def test_mixed_runs_every_mix_though_one_fails_then_names_those_that_failed(noxfile, monkeypatch):
+    fake_venvs(noxfile, monkeypatch)
+
+    class Failing(Recorder):
+        def run(self, *args, **kwargs):
+            super().run(*args, **kwargs)
+            if "alternate" in args:
+                raise noxfile.CommandFailed("Returned code 1")
+
+    session = Failing(["1.5.1", "1.6.1"])
+    with pytest.raises(SystemExit) as raised:
+        noxfile.mixed(session)
+    assert len(session.runs) == 7
+    assert str(raised.value) == (
+        "mixed deployments with a failed case: alternate (1.5.1 with 1.6.1 beside), "
+        "alternate (1.6.1 with 1.5.1 beside)"
+    )

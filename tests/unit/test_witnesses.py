@@ -198,3 +198,36 @@ def test_leases_unread_once_the_frontend_ended_are_unknown(tmp_path):
         {"failed": "no etcd member answered", "frontend_running": False},
     )
     assert witnesses.frontend_gave_up(given_up, None, unread)[0] is None
+
+
+REJECTED = (
+    "2026-12-07T21:54:51.990638Z ERROR dynamo_llm::discovery::controller: Rejected incompatible "
+    "workers; the first accepted configuration retains the WorkerSet model=handoff-mocker "
+    'worker_set=["dynamo","backend","generate","chat|completions","aggregated"] '
+    "incumbent_checksum=3ac1e04e rejected_checksum=4f65f14a"
+)
+#: 1.5.1's line for a stream its worker's expired drain ended (`releases.Facts.unmigrated_end`).
+TRANSMITTERS_CLOSED = (
+    "2026-12-07T21:16:15.818823Z ERROR http-request: dynamo_llm::preprocessor: Error processing "
+    "common response: All output transmitters closed"
+)
+
+
+def test_a_frontend_that_rejected_workers_of_the_model_is_the_mixed_sets_witness(tmp_path):
+    """Read off the frontend alone: a rolling upgrade strikes every worker, none in particular."""
+    deployment, _ = logged(tmp_path, [], ["INFO x", REJECTED])
+    seen, said = witnesses.rejected_workers(deployment, None, History())
+    assert seen and "1 rejection(s)" in said
+    deployment, _ = logged(tmp_path, [], ["INFO accepted the worker set"])
+    assert witnesses.rejected_workers(deployment, None, History())[0] is False
+    deployment.frontend.log_path = tmp_path / "gone.log"
+    assert witnesses.rejected_workers(deployment, None, History())[0] is None
+
+
+def test_the_drains_witness_reads_the_line_of_the_installed_release(tmp_path, monkeypatch):
+    from handoff import releases
+
+    deployment, worker = logged(tmp_path, [TIMED_OUT], [TRANSMITTERS_CLOSED])
+    assert witnesses.drain_cut(deployment, worker, History())[0] is False  # not 1.6's line
+    monkeypatch.setattr(releases, "current", lambda: releases.facts("1.5.1"))
+    assert witnesses.drain_cut(deployment, worker, History())[0] is True

@@ -167,6 +167,9 @@ class KnownDefect:
     #: Checks left unmade that are the defect's own (matched whole, as `explains`): a case
     #: not proven for one of them could not have shown the defect, and claims no fix.
     unmade: tuple[re.Pattern[str], ...] = ()
+    #: Checks the defect itself leaves unmade where it shows (matched whole): a failure it
+    #: explains is still the defect, each such check noted, not outranking it.
+    leaves_unmade: tuple[re.Pattern[str], ...] = ()
 
     def describe(self) -> str:
         return f"{self.issue}: {self.promise}"
@@ -192,6 +195,7 @@ class KnownDefect:
 #: handoff's own findings, cited where no open upstream issue names the defect: each is an entry
 #: of docs/known-issues.md with a command that reproduces it and the report one would file.
 DRAIN_FINDING = "handoff finding: an expired drain ends its requests with a 500"
+MIXED_FINDING = "handoff finding: a frontend keeps the workers of one release of two"
 SEEDED_FINDING = "handoff finding: a moved seeded draw is seeded again"
 
 #: What the reasons of the known defects vary by: the worker, a load case's request (its label
@@ -202,6 +206,8 @@ WORKER = r"worker-\d+-[a-z]+"
 #: the faulted one (`KnownDefect.unexplained`), or a healthy worker's failure would pass for
 #: the defect.
 A_REQUEST = rf"(?:request \d+ \((?:stream|unary), id [\w-]+(?:, [a-z ]+ on (?P<on>{WORKER}))?\): )?"
+#: Any API error as the client reads it: a dict of its message and code.
+ANY_ERROR = r"\{'message': '[^']*', 'type': '[^']*', 'code': 50[03](?:, 'details': \{[^}]*\})?\}"
 INTERNAL_ERROR = (
     r"\{'message': 'Internal server error', 'type': '(?:Internal Server Error|"
     r"internal_server_error)', 'code': 500(?:, 'details': \{'backend_status': 500\})?\}"
@@ -234,6 +240,11 @@ FRONTEND_GAVE_UP = Witness(
     "frontend_gave_up",
     "the frontend's log: it gave up maintaining its lease after etcd came back (`Unable to "
     "maintain lease`); etcd's own reading: its lease still alive once it had ended",
+)
+REJECTED_WORKERS = Witness(
+    "rejected_workers",
+    "the frontend's log: it rejected workers of the model as an incompatible configuration, "
+    "keeping the first it accepted (`Rejected incompatible workers`)",
 )
 RESUMED_AFRESH_WITNESS = Witness(
     "resumed_afresh",
@@ -303,6 +314,48 @@ KNOWN_DEFECTS = {
         ),
     )
 }
+
+
+#: A worker set of two releases whose model cards differ (`releases.Facts.model_card`), as
+#: the `alternate` and `replacements` mixes make it (`releases.mixes`): the frontend keeps the
+#: workers of the release it accepted first, and a request moved off one of them finds no
+#: worker of the other. Each request that would have moved ends with the frontend's error
+#: (its release's answer to a move that found no worker), its move counted failed.
+#: A rolling restart's request, served by the workers its log names.
+ROLLED = rf"(?:request \d+ \((?:stream|unary), id [\w-]+, served by {WORKER}(?:, {WORKER})*\): )?"
+ANY_REQUEST = rf"(?:{A_REQUEST}|{ROLLED})"
+MIXED_WORKER_SET = KnownDefect(
+    "mixed",
+    MIXED_FINDING,
+    "a request moved off a worker of one release must complete on a worker of the other "
+    "(Dynamo's compatibility page: frontends and workers up to two releases apart work "
+    "together, both ways); with 1.5.x and 1.6.x workers of one model, the frontend rejects "
+    "the other release's workers as an incompatible configuration, and the move finds none",
+    ("migration counter failed = ",),
+    whole(
+        rf"{ANY_REQUEST}the stream carried an error frame: {ANY_ERROR}",
+        rf"{ANY_REQUEST}finish_reason None, expected 'length'",
+        rf"{ANY_REQUEST}None completion tokens in usage, expected \d+",
+        rf"{ANY_REQUEST}expected a complete response, got HTTP 50[03]: {ANY_ERROR}",
+        r"migration counter succeeded = \d+, expected [1-9]\d*",
+        r"migration counter failed = [1-9]\d*, expected 0",
+        r"the frontend counted \d+ moves \(ongoing_request \d+, new_request \d+\); the "
+        r"workers' logs show \d+ hand-overs, and \d+ request\(s\) were sent, or handed over, "
+        r"while a drained worker was still listed",
+    ),
+    REJECTED_WORKERS,
+    # A drained worker whose requests could not move moved none.
+    leaves_unmade=whole(rf"no request was handed over from {WORKER}: its drain moved nothing"),
+)
+
+
+def mixed_defect(mix) -> KnownDefect | None:
+    """The defect a mix of two releases runs into: a worker set of both (`alternate`, a
+    rolling upgrade's `replacements`) whose model cards differ."""
+    if mix is None or mix.how not in ("alternate", "replacements"):
+        return None
+    theirs = releases.facts(mix.release).model_card
+    return MIXED_WORKER_SET if theirs != releases.current().model_card else None
 
 
 #: The signs of a re-issued request held up behind the one its silent worker lost: the user's
@@ -447,11 +500,13 @@ def raced(case) -> bool:
     return (case.topology, case.fault) in KNOWN_RACES
 
 
-def known_defect(case) -> KnownDefect | None:
-    """The known defect `case` runs into on purpose: its topology's race where it is the race's
-    fault, its topology's documented divergence, else its fault's."""
+def known_defect(case, mix=None) -> KnownDefect | None:
+    """The known defect `case` runs into on purpose: its deployment's `mix` of releases' (a
+    `releases.mixes.Mix`), its topology's race where it is the race's fault, its topology's
+    documented divergence, else its fault's."""
     defect = (
-        KNOWN_RACES.get((case.topology, case.fault))
+        mixed_defect(mix)
+        or KNOWN_RACES.get((case.topology, case.fault))
         or KNOWN_DIVERGENCES.get(case.topology)
         or KNOWN_DEFECTS.get(case.fault)
     )

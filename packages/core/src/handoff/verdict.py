@@ -277,6 +277,13 @@ def against_known_defect(
             f"not {defect.issue} alone: it does not explain: " + " | ".join(unexplained),
         ]
         return verdict
+    own = [u for u in verdict.unproven if any(p.fullmatch(u) for p in defect.leaves_unmade)]
+    if own:  # checks the defect itself left unmade: said, and no longer outranking it
+        verdict.unproven = [u for u in verdict.unproven if u not in own]
+        verdict.notes = [
+            *verdict.notes,
+            *(f"unmade, as {defect.issue} leaves it: {u}" for u in own),
+        ]
     return witnessed(verdict, defect)
 
 

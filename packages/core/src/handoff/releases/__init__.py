@@ -82,6 +82,9 @@ class Facts:
     #: The known defects (`policies.KnownDefect.issue`) fixed by this release or before it:
     #: their cases are judged by the promise alone there, and pass.
     fixed: frozenset[str] = frozenset()
+    #: What its model card carries: a frontend keeps the workers of one model whose cards agree
+    #: (`policies.MIXED_WORKER_SET`).
+    model_card: str = "with source_path"
     #: A mocker case's CPU-seconds against 1.6's, measured: how many cases fit the CPUs at
     #: once (`handoff_mocker.MockerBackend.cpus_per_case`).
     mocker_cpu_scale: float = 1.0
@@ -125,6 +128,12 @@ RELEASES = (
                 "model cards name the machine's address, not DYN_SYSTEM_HOST",
             ),
             Change("mocker_engine_args", FLAT, "1.5.x's mocker reads one flat MockEngineArgs"),
+            Change(
+                "model_card",
+                "without source_path",
+                "handoff's finding: a 1.5.x worker's model card carries no source_path, a 1.6.x "
+                "worker's does, so their checksums differ for one model and its settings",
+            ),
             Change(
                 "mocker_cpu_scale",
                 4.0,
@@ -181,6 +190,7 @@ RELEASES = (
                 "1.6.0's frontend classes a stream's end ('runtime.unclassified')",
             ),
             Change("event_plane_on_loopback", True, "1.6.0 reads DYN_EVENT_PLANE_HOST"),
+            Change("model_card", "with source_path", "1.6.0's model card names its source_path"),
             Change("mocker_cpu_scale", 1.0, "1.6.0's mocker cases: the measured 0.125 CPUs a case"),
             Change(
                 "mocker_engine_args",

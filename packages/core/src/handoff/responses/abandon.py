@@ -94,7 +94,7 @@ class Leaving:
 
     def __init__(self, run: CaseRun) -> None:
         deployment, case, _, deadline, _ = run.parts
-        self.run, self.defect = run, known_defect(case)
+        self.run, self.defect = run, known_defect(case, run.deployment.pool.mix)
         assert deployment.model is not None
         self.metrics_url = deployment.base_url + "/metrics"
         self.shape = shape = deployment.backend.shape(case, run.variant)

@@ -110,7 +110,8 @@ def once(plan: Callable[[CaseRun], Staged], run: CaseRun) -> tuple[Verdict, Stag
 
 def judged(verdict: Verdict, staged: Staged, run: CaseRun) -> Verdict:
     """Against the known defect, proven by its witness about the worker struck."""
-    if staged.holder is None:  # nothing was struck: no witness to read
+    workerless = staged.defect is not None and staged.defect.witness.key in witnesses.WORKERLESS
+    if staged.holder is None and not workerless:  # nothing was struck: no witness to read
         return against_known_defect(verdict, staged.defect, staged.faulted)
     return witnesses.judged_against(
         verdict, staged.defect, run.deployment, staged.holder, run.history, staged.faulted

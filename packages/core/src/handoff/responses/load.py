@@ -114,7 +114,7 @@ class Load:
     faulted: str | None = None
 
     def __init__(self, run: waits.CaseRun) -> None:
-        self.run, self.defect = run, known_defect(run.case)
+        self.run, self.defect = run, known_defect(run.case, run.deployment.pool.mix)
         self.stack = ExitStack()
         self.joiner: joining.Joiner | None = None
 

@@ -121,7 +121,7 @@ class Rolling:
 
     def __init__(self, run: waits.CaseRun) -> None:
         deployment, case, _, deadline, history = run.parts
-        self.run, self.defect = run, known_defect(case)
+        self.run, self.defect = run, known_defect(case, run.deployment.pool.mix)
         self.shapes, _ = load.sized_shapes(deployment, case, run.variant, deadline, history)
         url = deployment.base_url + "/metrics"
         self.before = metrics.FrontendReading.read(url, deployment.model_name)

@@ -91,7 +91,7 @@ class One:
     def __init__(self, run: CaseRun) -> None:
         """plan: the request, sized, and the text it owes; the frontend read before it."""
         deployment, case, settings, deadline, history = run.parts
-        self.run, self.defect = run, known_defect(case)
+        self.run, self.defect = run, known_defect(case, run.deployment.pool.mix)
         self.transfer = TransferProof(deployment, case, history, deadline)  # before any request
         self.planned = plan(
             deployment, case, deadline, history, run.variant, settings.in_flight_tokens

@@ -20,6 +20,7 @@ from handoff.policies import (
     DRAIN_CUT,
     FRONTEND_GAVE_UP,
     LOST_RAN_ON,
+    REJECTED_WORKERS,
     UNLISTED,
     KnownDefect,
     Witness,
@@ -137,7 +138,25 @@ def frontend_gave_up(deployment: Deployment, worker: Worker, history: History) -
     return bool(gave_up and alive), said
 
 
+def rejected_workers(deployment: Deployment, worker: Worker | None, history: History) -> Reading:
+    """The frontend rejected workers of the model as an incompatible configuration: a worker
+    set of two releases whose model cards differ, of which it keeps one."""
+    assert deployment.frontend is not None
+    try:
+        rejected = worker_logs.matching(deployment.frontend.log_path, REJECTED)
+    except OSError as exc:
+        return None, f"a log could not be read: {exc}"
+    return bool(rejected), f"the frontend's log shows {len(rejected)} rejection(s) of workers"
+
+
+#: What Dynamo's frontend logs when it refuses workers whose model card differs from the one it
+#: accepted first for the model.
+REJECTED = re.compile(r"Rejected incompatible workers")
+#: The readings that need no struck worker: a rolling restart strikes every worker.
+WORKERLESS = {REJECTED_WORKERS.key}
+
 READERS: dict[str, Callable[[Deployment, Worker, History], Reading]] = {
+    REJECTED_WORKERS.key: rejected_workers,
     DRAIN_CUT.key: drain_cut,
     UNLISTED.key: unlisted,
     LOST_RAN_ON.key: lost_ran_on,
