@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.policies import KNOWN_DEFECTS, KNOWN_DIVERGENCES, KNOWN_RACES
+from handoff.policies import KNOWN_DEFECTS, KNOWN_DIVERGENCES, KNOWN_RACES, MIXED_WORKER_SET
 from handoff.runs.results import CaseRecord, tally
 from handoff.verdict import Verdict, against_known_defect
 
@@ -472,6 +472,7 @@ def test_a_short_answer_without_each_sign_of_the_race_is_a_plain_failure(sign):
 
 
 ALL_DEFECTS = [
+    MIXED_WORKER_SET,
     *KNOWN_DEFECTS.values(),
     *KNOWN_RACES.values(),
     *KNOWN_DIVERGENCES.values(),
