@@ -50,3 +50,17 @@ def test_the_cases_at_once_it_gives_are_the_mockers(monkeypatch):
     for release, at_once in (("1.5.1", 4), ("1.6.1", 16)):
         monkeypatch.setattr(releases, "current", lambda r=release: releases.facts(r))
         assert 2 / MockerBackend().cpus_per_case == at_once
+
+
+def test_the_mixes_it_says_fail_as_expected_are_those_the_defect_names():
+    from handoff import policies
+
+    table = PAGE[PAGE.index("| releases | frontend |") :].split("\n\n", 1)[0].splitlines()
+    heads = [h.strip().split(" ")[0] for h in table[0].split("|")[2:-1]]
+    for line in table[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        old, new = re.findall(r"\d\.\d\.\d", cells[0])
+        assert new == releases.current().version  # judged here as the newer one's run
+        for how, said in zip(heads, cells[1:], strict=True):
+            defect = policies.mixed_defect(mixes.Mix(how, old, "/v/python"))
+            assert (defect is not None) == said.startswith("strict expected failure"), (line, how)
