@@ -7,6 +7,7 @@ whose engine they see through the system site-packages, and fail at once if it h
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import subprocess
@@ -341,7 +342,8 @@ def upgrade(session: nox.Session) -> None:
     pythons = [release_python(session, release) for release in releases]
     cpus = sorted(os.sched_getaffinity(0))
     halves = [cpus[: max(1, len(cpus) // 2)], cpus[len(cpus) // 2 :] or cpus]
-    logs = [Path(".handoff", "upgrade", release) for release in releases]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    logs = [Path(".handoff", "upgrade", stamp, release) for release in releases]
     runs = []
     for python, release, half, folder in zip(pythons, releases, halves, logs, strict=True):
         command = [
@@ -353,8 +355,12 @@ def upgrade(session: nox.Session) -> None:
         runs.append(subprocess.Popen(command))
     codes = [run.wait() for run in runs]
     session.log(f"main job exit codes: {dict(zip(releases, codes, strict=True))}")
-    newest = [str(max(folder.iterdir(), key=lambda p: p.stat().st_mtime)) for folder in logs]
-    session.run(pythons[1], "-m", "handoff.cli", "compare", *newest, external=True)
+    ran = [next(folder.iterdir(), None) if folder.is_dir() else None for folder in logs]
+    if None in ran:  # the run ended before its folder: its own output said why
+        session.error(f"a main job left no run folder under {logs[ran.index(None)]}")
+    session.run(pythons[1], "-m", "handoff.cli", "compare", *map(str, ran), external=True)
+    if codes[1]:
+        session.error(f"the main job on {releases[1]} failed (exit code {codes[1]})")
 
 
 #: The mixed deployments `nox -s mixed` runs (handoff.releases.mixes): each mix, with the cases

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def newest_results(release: str) -> dict:
-    folder = ROOT / ".handoff" / "upgrade" / release
-    run = max(folder.iterdir(), key=lambda p: p.stat().st_mtime)
+    """The results of `release`'s run in the session's newest folder (`.handoff/upgrade/STAMP`)."""
+    session = max((ROOT / ".handoff" / "upgrade").iterdir(), key=lambda p: p.name)
+    (run,) = (session / release).iterdir()
     return json.loads((run / "results.json").read_text())
 
 

@@ -15,16 +15,18 @@ REFUSED = {"ongoing_request": 1, "new_request": 0, "succeeded": 0, "failed": 1}
 
 
 def record(key, outcome, counts=None):
-    """A case as a run records it: passed, failed, or a known defect's strict expected failure."""
-    failed = outcome != "passed"
+    """A case as a run records it: passed, failed, not proven ("unproven"), or a known
+    defect's strict expected failure ("defect")."""
+    failed = outcome in ("failed", "defect")
     return CaseRecord(
         key=key,
-        passed=not failed,
+        passed=outcome == "passed",
         phase="verdict",
         seconds=1.0,
         reasons=["the stream carried an error frame"] if failed else [],
         counts=counts or {},
         upstream_defect="Dynamo issue 3493" if outcome == "defect" else "",
+        unproven=["a boundary unseen"] if outcome == "unproven" else [],
     )
 
 
@@ -40,6 +42,34 @@ def test_identical_runs_show_no_difference(tmp_path):
         compare.compare(run(tmp_path, "a", "1.6.0", cases), run(tmp_path, "b", "1.6.1", cases))
         == []
     )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "worse"),
+    [
+        ("passed", "failed", True),
+        ("defect", "failed", True),
+        ("passed", "defect", True),
+        ("passed", "unproven", True),
+        ("defect", "passed", False),
+        ("failed", "passed", False),
+        ("unproven", "passed", False),
+    ],
+)
+def test_b_proving_less_than_a_fails_the_comparison(tmp_path, before, after, worse):
+    run(tmp_path, "a", "1.6.0", [record("t/x", before)])
+    run(tmp_path, "b", "1.6.1", [record("t/x", after)])
+    assert compare.main(tmp_path / "a", tmp_path / "b", Console(file=None)) == int(worse)
+
+
+def test_a_case_b_did_not_run_or_a_b_that_ended_in_error_fails_it(tmp_path):
+    run(tmp_path, "a", "1.6.0", [record("t/x", "passed"), record("t/y", "passed")])
+    run(tmp_path, "b", "1.6.1", [record("t/x", "passed")])
+    assert compare.main(tmp_path / "a", tmp_path / "b", Console(file=None)) == 1
+    b = RunResults("mocker", "pre_merge", str(tmp_path / "c"), 1.0, [record("t/x", "passed"),
+                   record("t/y", "passed")], dynamo="1.6.1", error="a worker crashed")  # fmt: skip
+    b.write()
+    assert compare.main(tmp_path / "a", tmp_path / "c", Console(file=None)) == 1
 
 
 def test_counts_that_differ_where_no_release_changed_their_meaning_are_no_difference(tmp_path):

@@ -63,24 +63,31 @@ def fake_venvs(noxfile, monkeypatch):
     monkeypatch.setattr(noxfile, "release_python", lambda session, r: f"/v/{r}/python")
 
 
-def test_upgrade_runs_both_main_jobs_on_halves_of_the_cpus_then_compares(
-    noxfile, monkeypatch, tmp_path
-):
+def upgraded(noxfile, monkeypatch, tmp_path, codes=(0, 0)):
+    """The upgrade session's runs, each main job ending with its code of `codes`."""
     fake_venvs(noxfile, monkeypatch)
     started = []
 
     class Popen:
         def __init__(self, command):
+            self.code = codes[len(started)]
             started.append(command)
             folder = Path(command[command.index("--handoff-logs") + 1])
             (folder / "20261207-run").mkdir(parents=True)
 
         def wait(self):
-            return 0
+            return self.code
 
     monkeypatch.setattr(noxfile.subprocess, "Popen", Popen)
     monkeypatch.chdir(tmp_path)
     session = Recorder(["1.6.0", "1.6.1", "-x"])
+    return session, started
+
+
+def test_upgrade_runs_both_main_jobs_on_halves_of_the_cpus_then_compares(
+    noxfile, monkeypatch, tmp_path
+):
+    session, started = upgraded(noxfile, monkeypatch, tmp_path)
     noxfile.upgrade(session)
     cpus = sorted(os.sched_getaffinity(0))
     for command, release in zip(started, ("1.6.0", "1.6.1"), strict=True):
@@ -93,7 +100,16 @@ def test_upgrade_runs_both_main_jobs_on_halves_of_the_cpus_then_compares(
     assert len(cpus) < 2 or not halves[0] & halves[1]
     (compare,) = session.runs
     assert compare[:4] == ["/v/1.6.1/python", "-m", "handoff.cli", "compare"]
+    # This session's own two runs, never an earlier session's.
     assert [Path(p).parent.name for p in compare[4:]] == ["1.6.0", "1.6.1"]
+    assert Path(compare[4]).parents[1] == Path(compare[5]).parents[1]
+
+
+def test_upgrade_fails_where_the_wanted_releases_main_job_failed(noxfile, monkeypatch, tmp_path):
+    session, _ = upgraded(noxfile, monkeypatch, tmp_path, codes=(0, 1))
+    with pytest.raises(SystemExit, match=r"the main job on 1\.6\.1 failed"):
+        noxfile.upgrade(session)
+    assert len(session.runs) == 1  # the diff is printed first
 
 
 def test_mixed_runs_every_mix_both_ways_and_the_upgrade_one_way(noxfile, monkeypatch):

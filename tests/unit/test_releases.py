@@ -127,3 +127,26 @@ def test_a_release_that_refuses_with_500_still_fails_any_other_answer(
     assert policies.refused_error(policies.SERVICE_UNAVAILABLE) == policies.SERVICE_UNAVAILABLE
     strict = verdict.carries(Response(status=status, error=error), policies.SERVICE_UNAVAILABLE)
     assert strict is (status == 503)
+
+
+STOPPED = [
+    "finish_reason None, expected 'length'",
+    "None completion tokens in usage, expected 900",
+    "the frontend counted no migration at all: worker-0-aggregate, which was faulted, was not "
+    "serving the request",
+    "migration counter ongoing_request = 0, expected 1",
+]
+
+
+@pytest.mark.parametrize(("release", "outcome"), [("1.6.1", "failed"), ("1.5.1", "known")])
+def test_the_drains_500_is_its_sign_unless_the_release_refuses_with_a_500(
+    monkeypatch, release, outcome
+):
+    """A drained stream that just stops, no error, is no expired drain on 1.6.1 (which answers
+    it with a 500); on 1.5.1, whose answer to a refused move is a 500 too, the counters are."""
+    monkeypatch.setattr(releases, "current", lambda: releases.facts(release))
+    judged = verdict.Verdict(False, list(STOPPED), "verdict")
+    judged.witnessed = {"drain_cut": (True, "its drain timed out")}
+    defect = policies.KNOWN_DEFECTS["drain_expired"]
+    result = verdict.against_known_defect(judged, defect)
+    assert result.outcome == {"failed": verdict.FAILED, "known": verdict.KNOWN_DEFECT}[outcome]

@@ -23,7 +23,8 @@ def test_the_mixes_are_the_codes():
 
 
 def test_the_kinds_of_difference_are_the_codes():
-    kinds = [compare.REGRESSION, compare.FIX_ARRIVED, compare.NEW_DEFECT, compare.FLIPPED]
+    kinds = [compare.REGRESSION, compare.FIX_ARRIVED, compare.NEW_DEFECT, compare.LOST_PROOF]
+    kinds += [compare.FLIPPED]
     kinds += [compare.MEANING, f"{compare.ONLY_A}, {compare.ONLY_B}"]
     assert rows("| kind |") == kinds
 

@@ -213,15 +213,31 @@ TRANSMITTERS_CLOSED = (
 )
 
 
+NO_WORKER = (
+    "2026-12-07T21:54:52.463964Z  WARN http-request: dynamo_llm::migration: Cannot recreate "
+    "stream error=Unavailable: No workers available for endpoint dynamo/backend/generate"
+)
+
+
+def counted(failed: int) -> History:
+    history = History()
+    history.record("metrics_read", counts={"failed": failed})
+    return history
+
+
 def test_a_frontend_that_rejected_workers_of_the_model_is_the_mixed_sets_witness(tmp_path):
-    """Read off the frontend alone: a rolling upgrade strikes every worker, none in particular."""
-    deployment, _ = logged(tmp_path, [], ["INFO x", REJECTED])
-    seen, said = witnesses.rejected_workers(deployment, None, History())
-    assert seen and "1 rejection(s)" in said
-    deployment, _ = logged(tmp_path, [], ["INFO accepted the worker set"])
-    assert witnesses.rejected_workers(deployment, None, History())[0] is False
+    """Read off the frontend alone (a rolling upgrade strikes every worker, none in
+    particular): its rejection, and as many moves that found no worker as it counted failed."""
+    deployment, _ = logged(tmp_path, [], ["INFO x", REJECTED, NO_WORKER, NO_WORKER])
+    seen, said = witnesses.rejected_workers(deployment, None, counted(2))
+    assert seen and "1 rejection(s)" in said and "2 move(s) that found no worker" in said
+    # A third move failed for another reason: not this.
+    assert witnesses.rejected_workers(deployment, None, counted(3))[0] is False
+    deployment, _ = logged(tmp_path, [], ["INFO accepted the worker set", NO_WORKER])
+    assert witnesses.rejected_workers(deployment, None, counted(1))[0] is False
+    assert witnesses.rejected_workers(deployment, None, History())[0] is None  # counters unread
     deployment.frontend.log_path = tmp_path / "gone.log"
-    assert witnesses.rejected_workers(deployment, None, History())[0] is None
+    assert witnesses.rejected_workers(deployment, None, counted(1))[0] is None
 
 
 def test_the_drains_witness_reads_the_line_of_the_installed_release(tmp_path, monkeypatch):

@@ -170,6 +170,17 @@ class KnownDefect:
     #: Checks the defect itself leaves unmade where it shows (matched whole): a failure it
     #: explains is still the defect, each such check noted, not outranking it.
     leaves_unmade: tuple[re.Pattern[str], ...] = ()
+    #: A sign the defect shows only where the release's answer to a refused move is another
+    #: (`releases.Facts.refusal_code`): there the answer itself is no reason.
+    unless_refused_with: tuple[int, str] | None = None
+
+    def signs(self) -> tuple[str, ...]:
+        """Its signature, with its answer's sign where the release refuses otherwise."""
+        if self.unless_refused_with is None:
+            return self.signature
+        code, sign = self.unless_refused_with
+        refused = releases.current().refusal_code == code
+        return self.signature if refused else (*self.signature, sign)
 
     def describe(self) -> str:
         return f"{self.issue}: {self.promise}"
@@ -273,9 +284,8 @@ KNOWN_DEFECTS = {
             "a request running when a drained worker's drain times out must migrate (Dynamo's "
             "graceful-shutdown and request-migration docs, PR 14872); 1.6.1 ends it with a 500, "
             "no migration counted (related: Dynamo issue 13559, open)",
-            # The counters of a move read 0, and each request the drained worker held ends with
-            # the 500 (the response the policy promised is not there, unless the release
-            # answers a refused move with a 500 too: 1.5.x); nothing else.
+            # Each request the drained worker held ends with the 500 (the response the policy
+            # promised is not there), and the counters of a move read 0; nothing else.
             ("the frontend counted no migration at all",),
             whole(
                 rf"{A_REQUEST}the stream carried an error frame: {INTERNAL_ERROR}",
@@ -292,6 +302,9 @@ KNOWN_DEFECTS = {
                 r"migration counter (?:ongoing_request|succeeded|failed) = 0, expected [1-9]\d*",
             ),
             DRAIN_CUT,
+            # A release that refuses a move with a 500 (1.5.x) gives no reason for it where
+            # the policy refuses the move: the sign is then the counters alone.
+            unless_refused_with=(500, "Internal server error"),
         ),
         KnownDefect(
             "stall_past_lease",

@@ -350,7 +350,11 @@ class Pool:
         would hand a case workers started for another: refuse, naming the fix."""
         assert self.model is not None
         for worker in self.workers:
-            launch = self.backend.worker(worker.role, case, self.model, worker.ports, self.folder)
+            beside = self.mix is not None and worker.process.argv[0] == self.mix.python
+            with self.launching(beside):  # as it was launched: its engine file is rewritten
+                launch = self.backend.worker(
+                    worker.role, case, self.model, worker.ports, self.folder
+                )
             if list(launch.argv)[1:] != worker.process.argv[1:]:  # a mix sets the interpreter
                 raise HandoffError(
                     f"backend {self.backend.name!r} launches {case.key}'s {worker.role} worker "

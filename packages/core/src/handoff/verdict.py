@@ -268,7 +268,7 @@ def against_known_defect(
             unproven=verdict.unproven,
         )
     said = " | ".join(verdict.reasons)
-    if not all(sign in said for sign in defect.signature):
+    if not all(sign in said for sign in defect.signs()):
         return verdict
     unexplained = defect.unexplained(verdict.reasons, faulted)
     if unexplained:

@@ -295,13 +295,15 @@ def checked(wanted: str | None, modules: dict[str, tuple[str, ...]]) -> Facts:
 
 
 def written(binary: mmap.mmap, name: str) -> bool:
-    """Whether the runtime names `name`, or reads it as a field of a prefix it names alone
-    (`DYN_SYSTEM_`, then `HOST`: a configuration read from the variables of one prefix)."""
+    """Whether the runtime names `name`; a variable also where it reads it as a field of a
+    prefix it names alone (`DYN_SYSTEM_`, then `HOST`: a configuration read from the variables
+    of one prefix). A metric's name must be there whole."""
+    if binary.find(name.encode()) >= 0:
+        return True
+    if not name.startswith("DYN_"):
+        return False
     prefix = re.escape(name.rsplit("_", 1)[0].encode() + b"_")
-    return (
-        binary.find(name.encode()) >= 0
-        or re.search(prefix + rb"(?:DYN_|[^A-Z])", binary) is not None
-    )
+    return re.search(prefix + rb"(?:DYN_|[^A-Z])", binary) is not None
 
 
 def usages(modules: list[str]) -> dict[str, str]:

@@ -60,9 +60,12 @@ def interpreter(release: str) -> Path:
 
 @functools.cache
 def release_of(python: str) -> str:
-    """The ai-dynamo release `python` holds."""
+    """The Dynamo release `python` holds: ai-dynamo's, where ai-dynamo-runtime's (the compiled
+    runtime) is the same; else both."""
+    names = "('ai-dynamo', 'ai-dynamo-runtime')"
+    code = f"import importlib.metadata as m; print(*sorted({{m.version(d) for d in {names}}}))"
     done = subprocess.run(
-        [python, "-c", "import importlib.metadata as m; print(m.version('ai-dynamo'))"],
+        [python, "-c", code],
         capture_output=True,
         text=True,
         timeout=60,

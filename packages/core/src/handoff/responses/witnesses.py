@@ -139,19 +139,30 @@ def frontend_gave_up(deployment: Deployment, worker: Worker, history: History) -
 
 
 def rejected_workers(deployment: Deployment, worker: Worker | None, history: History) -> Reading:
-    """The frontend rejected workers of the model as an incompatible configuration: a worker
-    set of two releases whose model cards differ, of which it keeps one."""
+    """The frontend rejected workers of the model as an incompatible configuration (a worker
+    set of two releases whose model cards differ, of which it keeps one), and each move it
+    counted failed found no worker: a move that failed for another reason is not this."""
     assert deployment.frontend is not None
+    failed = [e.data["counts"]["failed"] for e in history.events if e.name == "metrics_read"]
+    if not failed:
+        return None, "the frontend's counters were never read"
     try:
         rejected = worker_logs.matching(deployment.frontend.log_path, REJECTED)
+        nowhere = worker_logs.matching(deployment.frontend.log_path, NO_WORKER)
     except OSError as exc:
         return None, f"a log could not be read: {exc}"
-    return bool(rejected), f"the frontend's log shows {len(rejected)} rejection(s) of workers"
+    said = (
+        f"the frontend's log shows {len(rejected)} rejection(s) of workers, and "
+        f"{len(nowhere)} move(s) that found no worker, of {failed[-1]} counted failed"
+    )
+    return bool(rejected) and len(nowhere) >= failed[-1], said
 
 
 #: What Dynamo's frontend logs when it refuses workers whose model card differs from the one it
 #: accepted first for the model.
 REJECTED = re.compile(r"Rejected incompatible workers")
+#: What it logs when a move finds no worker to go to.
+NO_WORKER = re.compile(r"Cannot recreate stream error=Unavailable: No workers available")
 #: The readings that need no struck worker: a rolling restart strikes every worker.
 WORKERLESS = {REJECTED_WORKERS.key}
 

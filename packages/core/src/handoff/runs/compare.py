@@ -19,16 +19,19 @@ from handoff import releases
 from handoff.errors import HandoffError
 from handoff.runs.report import write_html
 from handoff.runs.results import CaseRecord, RunResults
-from handoff.verdict import FAILED, KNOWN_DEFECT, PASSED
+from handoff.verdict import FAILED, KNOWN_DEFECT, NOT_PROVEN, PASSED
 
 ABSENT = "absent"
 #: The kinds of difference, in the order a reader meets them.
 REGRESSION = "regression: passed before, fails now"
 FIX_ARRIVED = "fix arrived: a known defect's case passes now"
 NEW_DEFECT = "known defect now: passed before"
+LOST_PROOF = "not proven now: passed before"
 FLIPPED = "flipped"
 MEANING = "counts differ: their meaning changed"
 ONLY_A, ONLY_B = "only in A", "only in B"
+#: What B no longer proves that A did: each fails the comparison (exit status 1).
+WORSE = (REGRESSION, NEW_DEFECT, LOST_PROOF, ONLY_A)
 NEW_FINDING = "a new finding: no recorded change explains it"
 
 
@@ -60,6 +63,8 @@ def kind_of(
         return FIX_ARRIVED
     if was == PASSED and now == KNOWN_DEFECT:
         return NEW_DEFECT
+    if was == PASSED and now == NOT_PROVEN:
+        return LOST_PROOF
     return FLIPPED
 
 
@@ -181,7 +186,8 @@ def html_section(a: RunResults, b: RunResults, differences: list[Difference]) ->
 
 
 def main(run_a: Path, run_b: Path, console: Console | None = None) -> int:
-    """Print the diff and add it to B's report.html; exit 1 on a regression."""
+    """Print the diff and add it to B's report.html; exit 1 where B proves less than A
+    (`WORSE`), or B's run ended in error."""
     a, b = RunResults.load(run_a), RunResults.load(run_b)
     differences = compare(a, b)
     console = console or Console(width=max(Console().width, 160))
@@ -191,6 +197,8 @@ def main(run_a: Path, run_b: Path, console: Console | None = None) -> int:
         console.print(changes_table(a, b, changes))
     verdict = f"{len(differences)} difference(s)" if differences else "no difference"
     console.print(f"{verdict} between {run_a} and {run_b}", markup=False, highlight=False)
+    if b.error:
+        console.print(f"{run_b} ended in error: {b.error}", markup=False, highlight=False)
     path = write_html(b, run_b, extra=html_section(a, b, differences))
     console.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
-    return 1 if any(d.kind == REGRESSION for d in differences) else 0
+    return 1 if b.error or any(d.kind in WORSE for d in differences) else 0
