@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import requests
 
@@ -36,17 +37,26 @@ DRAIN_TIMED_OUT = re.compile(
 Reading = tuple[bool | None, str]
 
 
+def matched(*reads: tuple[Path, re.Pattern[str]]) -> list[list[str]] | str:
+    """The lines of each log that match its pattern; why, where a log could not be read."""
+    try:
+        return [worker_logs.matching(path, pattern) for path, pattern in reads]
+    except OSError as exc:
+        return f"a log could not be read: {exc}"
+
+
 def drain_cut(deployment: Deployment, worker: Worker, history: History) -> Reading:
     """The drained worker's runtime gave up its drain with the request in flight, and the
     frontend, losing the stream, classed its end as an unclassified failure: no cause it
     migrates on."""
     assert deployment.frontend is not None
-    try:
-        gave_up = worker_logs.matching(worker.process.log_path, DRAIN_TIMED_OUT)
-        unmigrated = re.compile(releases.current().unmigrated_end)
-        unclassified = worker_logs.matching(deployment.frontend.log_path, unmigrated)
-    except OSError as exc:
-        return None, f"a log could not be read: {exc}"
+    unmigrated = re.compile(releases.current().unmigrated_end)
+    found = matched(
+        (worker.process.log_path, DRAIN_TIMED_OUT), (deployment.frontend.log_path, unmigrated)
+    )
+    if isinstance(found, str):
+        return None, found
+    gave_up, unclassified = found
     said = (
         f"{worker.name}'s log {'shows' if gave_up else 'has no line of'} its drain timing out"
         f"; the frontend's log shows {len(unclassified)} stream(s) ended without a cause it "
@@ -146,11 +156,11 @@ def rejected_workers(deployment: Deployment, worker: Worker | None, history: His
     failed = [e.data["counts"]["failed"] for e in history.events if e.name == "metrics_read"]
     if not failed:
         return None, "the frontend's counters were never read"
-    try:
-        rejected = worker_logs.matching(deployment.frontend.log_path, REJECTED)
-        nowhere = worker_logs.matching(deployment.frontend.log_path, NO_WORKER)
-    except OSError as exc:
-        return None, f"a log could not be read: {exc}"
+    log = deployment.frontend.log_path
+    found = matched((log, REJECTED), (log, NO_WORKER))
+    if isinstance(found, str):
+        return None, found
+    rejected, nowhere = found
     said = (
         f"the frontend's log shows {len(rejected)} rejection(s) of workers, and "
         f"{len(nowhere)} move(s) that found no worker, of {failed[-1]} counted failed"
