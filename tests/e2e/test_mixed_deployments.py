@@ -9,10 +9,12 @@ import pytest
 
 from handoff import releases, runner
 from handoff.cases import Case
-from handoff.plugins import configured_backend
+from handoff.plugins import installed_backends
 from handoff.releases import mixes
 from handoff.runner import Settings
+from handoff.settings import resolve
 from handoff.verdict import NOT_PROVEN, PASSED
+from handoff_mocker import MockerBackend
 
 KILLED = Case.from_id("migration_enabled-worker_failure-chat-stream-tcp")
 
@@ -33,9 +35,15 @@ def beside(tmp_path, monkeypatch):
 
 
 def mixed(how, release):
-    return configured_backend(
-        "mocker", {"mix": (how, "--handoff-mix"), "beside": (release, "--handoff-beside")}
+    """A mocker of its own with the mix (`configured_backend` would configure the one every
+    other test of this xdist worker gets)."""
+    backend = MockerBackend()
+    overrides = {"mix": (how, "--handoff-mix"), "beside": (release, "--handoff-beside")}
+    settings = resolve(
+        "mocker", backend.defaults, installed_backends(), overrides, None, backend.uses_settings
     )
+    backend.configure(settings)
+    return backend
 
 
 def ready(result):
