@@ -137,7 +137,7 @@ def test_a_stalled_request_whose_close_the_frontend_never_hears_is_moved_and_fai
     request when the timeout fires: nobody told it the client had gone."""
     case = Case.from_id("close_in_stall-chat-tcp", "abandoned")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90)
-    assert unheard
+    assert unheard, result.verdict.summary()  # the request was sent, through the proxy
     reasons = unheard_close_reasons(result)
     events = {e.name: e for e in result.history.events}
     timeout = events["launch"].data["frontend_env"]["DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS"]
@@ -154,7 +154,7 @@ def test_a_close_the_frontend_never_hears_fails_the_case(unheard, tmp_path, life
     """The worker streams the request to its end for nobody, and says so: no cancellation."""
     case = Case.from_id(lifecycle, "abandoned")
     result = runner.run_case(MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90)
-    assert unheard
+    assert unheard, result.verdict.summary()  # the request was sent, through the proxy
     reasons = unheard_close_reasons(result)
     assert f"without logging {abandon.CANCELLED!r} or {abandon.UNSENT!r}" in reasons
 
@@ -168,7 +168,7 @@ def test_a_stall_whose_close_is_never_counted_leaves_the_window_unknown_and_fail
     result = runner.run_case(
         MockerBackend(), case, tmp_path, SETTINGS, timeout_s=90, frontend_env={}
     )
-    assert unheard
+    assert unheard, result.verdict.summary()  # the request was sent, through the proxy
     reasons = unheard_close_reasons(result)
     events = {e.name: e for e in result.history.events}
     holder = events["holder_found"].data["worker"]

@@ -56,6 +56,25 @@ def test_an_installed_release_other_than_the_one_asked_for_fails_naming_the_sess
         releases.checked("1.5.1", {})
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Where the checks a release passed are remembered: the test's own."""
+    monkeypatch.setenv("HANDOFF_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_release_that_agreed_with_its_entry_is_not_checked_again(monkeypatch):
+    modules = {"json.tool": ("--indent",)}
+    assert releases.checked(None, modules).version == releases.installed()
+
+    def again(modules):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(releases, "usages", again)
+    assert releases.checked(None, modules).version == releases.installed()
+    with pytest.raises(AssertionError, match="checked again"):  # other flags: checked anew
+        releases.checked(None, {"json.tool": ("--indent", "--sort-keys")})
+
+
 def test_a_flag_the_release_lacks_fails_the_check_naming_it():
     """Read from the module's real help (json.tool's here): a flag it does not list is named."""
     with pytest.raises(HandoffError, match=r"it lacks json\.tool --no-such-flag"):

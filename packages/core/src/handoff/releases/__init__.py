@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import mmap
@@ -21,8 +22,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from handoff.errors import HandoffError
+from handoff.machine.environment import cache_root
 
 #: The release handoff qualifies unless told otherwise (`--handoff-dynamo`, `dynamo` setting).
 DEFAULT = "1.6.1"
@@ -280,18 +283,42 @@ def checked(wanted: str | None, modules: dict[str, tuple[str, ...]]) -> Facts:
             f"`nox -s mocker_pre_merge -- --handoff-dynamo {wanted}`, which installs {wanted}"
         )
     release = facts(have)
+    # Once agreed, remembered for this install and this entry: a run's nested runs (the
+    # project's tests start dozens) would each import every module again for its help.
+    agreed = cache_root() / "releases" / f"{have}-{fingerprint(release, modules)}"
+    if agreed.exists():
+        return release
+    if lacking := lacks(release, modules):
+        raise HandoffError(
+            f"Dynamo {have} differs from handoff's entry for it: it lacks {', '.join(lacking)}; "
+            f"correct that entry in handoff.releases"
+        )
+    agreed.parent.mkdir(parents=True, exist_ok=True)
+    agreed.touch()
+    return release
+
+
+def lacks(release: Facts, modules: dict[str, tuple[str, ...]]) -> list[str]:
+    """What the installed release lacks of its entry: flags its modules' help does not list,
+    metrics and variables its runtime does not name."""
     helps = usages(list(modules))
     lacking = [f"{m} {f}" for m, flags in modules.items() for f in flags if f not in helps[m]]
     with runtime_binary() as binary:
         names = [f"metric {m}" for m in release.metrics]
         names += [f"variable {v}" for v in release.loopback_env]
         lacking += [n for n in names if not written(binary, n.split()[1])]
-    if lacking:
-        raise HandoffError(
-            f"Dynamo {have} differs from handoff's entry for it: it lacks {', '.join(lacking)}; "
-            f"correct that entry in handoff.releases"
-        )
-    return release
+    return lacking
+
+
+def fingerprint(release: Facts, modules: dict[str, tuple[str, ...]]) -> str:
+    """What a check agreed on: this interpreter, its runtime's file as installed, the entry
+    and the flags checked."""
+    spec = importlib.util.find_spec("dynamo._core")
+    binary = Path(spec.origin) if spec is not None and spec.origin else None
+    stat = binary.stat() if binary is not None else None
+    seen = (sys.executable, str(binary), stat and (stat.st_mtime_ns, stat.st_size))
+    text = repr((seen, release, sorted(modules.items())))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def written(binary: mmap.mmap, name: str) -> bool:
