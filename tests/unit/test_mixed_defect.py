@@ -39,6 +39,14 @@ RECORDED = {
         "migration counter succeeded = 6, expected 13",
         "migration counter failed = 7, expected 0",
     ],
+    "replacements, a request sent once the kept release's last worker was drained": [
+        "request 13 (unary, id 75c9563f-0cfa-4f20-82a4-8efd8e2cd921, served by ): expected a "
+        "complete response, got HTTP 404: {'message': ''}",
+        "request 13 (unary, id 75c9563f-0cfa-4f20-82a4-8efd8e2cd921, served by ): no worker's "
+        "log names it",
+        "migration counter succeeded = 6, expected 13",
+        "migration counter failed = 7, expected 0",
+    ],
 }
 DRAIN_MOVED_NOTHING = "no request was handed over from worker-2-aggregate: its drain moved nothing"
 

@@ -329,14 +329,16 @@ KNOWN_DEFECTS = {
 }
 
 
+#: A rolling restart's request, served by the workers its log names (none: it reached none).
+ROLLED = (
+    rf"(?:request \d+ \((?:stream|unary), id [\w-]+, served by (?:{WORKER}(?:, {WORKER})*)?\): )?"
+)
+ANY_REQUEST = rf"(?:{A_REQUEST}|{ROLLED})"
 #: A worker set of two releases whose model cards differ (`releases.Facts.model_card`), as
 #: the `alternate` and `replacements` mixes make it (`releases.mixes`): the frontend keeps the
 #: workers of the release it accepted first, and a request moved off one of them finds no
 #: worker of the other. Each request that would have moved ends with the frontend's error
 #: (its release's answer to a move that found no worker), its move counted failed.
-#: A rolling restart's request, served by the workers its log names.
-ROLLED = rf"(?:request \d+ \((?:stream|unary), id [\w-]+, served by {WORKER}(?:, {WORKER})*\): )?"
-ANY_REQUEST = rf"(?:{A_REQUEST}|{ROLLED})"
 MIXED_WORKER_SET = KnownDefect(
     "mixed",
     MIXED_FINDING,
@@ -350,6 +352,11 @@ MIXED_WORKER_SET = KnownDefect(
         rf"{ANY_REQUEST}finish_reason None, expected 'length'",
         rf"{ANY_REQUEST}None completion tokens in usage, expected \d+",
         rf"{ANY_REQUEST}expected a complete response, got HTTP 50[03]: {ANY_ERROR}",
+        # Once the last worker of the release it kept is drained, the frontend lists the model
+        # no more until it accepts the other's: a request sent then is not found, and reaches
+        # no worker.
+        rf"{ROLLED}expected a complete response, got HTTP 404: \{{'message': '[^']*'\}}",
+        rf"{ROLLED}no worker's log names it",
         r"migration counter succeeded = \d+, expected [1-9]\d*",
         r"migration counter failed = [1-9]\d*, expected 0",
         r"the frontend counted \d+ moves \(ongoing_request \d+, new_request \d+\); the "
