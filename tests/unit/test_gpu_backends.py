@@ -397,7 +397,9 @@ def listed(out: str) -> tuple[dict[str, list[str]], dict[str, str]]:
             current = m[1]
             ids[current] = []
         elif line and not line.startswith("#") and current:
-            ids[current].append(line.split()[0])
+            where, _, case_id = line.split()[0].partition("/")  # the key --handoff-case takes
+            assert where == current, line
+            ids[current].append(case_id)
     return ids, skipped
 
 
@@ -405,6 +407,7 @@ def listed(out: str) -> tuple[dict[str, list[str]], dict[str, str]]:
 def test_handoff_cases_lists_the_pre_merge_selection(name, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no team settings
     monkeypatch.delenv(plugins.ONLY_ENV, raising=False)
+    monkeypatch.setattr(cli, "gpu_count", lambda: (1, ""))  # a GPU machine's default device
     plugins.load.cache_clear()
     assert cli.main(["cases", "--backend", name, "--selection", "pre_merge"]) == 0
     ids, skipped = listed(capsys.readouterr().out)

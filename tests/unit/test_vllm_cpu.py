@@ -230,6 +230,33 @@ def test_the_device_comes_from_settings_under_the_command_line(team, tiny, capsy
     assert "pyproject.toml [tool.handoff.vllm]" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("gpus", "device", "source"),
+    [
+        (0, "cpu", "this machine: no NVIDIA driver answers"),
+        (1, "cuda", "vllm backend default"),
+    ],
+)
+def test_handoff_cases_defaults_to_the_device_the_machine_has(
+    team, tiny, capsys, monkeypatch, gpus, device, source
+):
+    monkeypatch.setattr(cli, "gpu_count", lambda: (gpus, "no NVIDIA driver answers"))
+    assert cli.main(["cases", "--backend", "vllm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"# device: {device} (from {source}); --device picks another"
+    session = {"cpu": "vllm_cpu_pre_merge", "cuda": "vllm_pre_merge"}[device]
+    assert f"# run by: nox -s {session}" in out
+
+
+def test_a_device_chosen_is_kept_on_a_machine_without_a_gpu(team, tiny, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "gpu_count", lambda: (0, "no NVIDIA driver answers"))
+    settings_file(team, 'device = "cuda"')
+    assert cli.main(["cases", "--backend", "vllm", "--selection", "nightly"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# device: cuda (from pyproject.toml [tool.handoff.vllm])")
+    assert "# run by: nox -s vllm_pre_merge -- --handoff-selection nightly" in out
+
+
 def test_handoff_cases_shows_the_device_and_what_each_runs(team, tiny, capsys):
     assert cli.main(["cases", "--backend", "vllm", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.splitlines()

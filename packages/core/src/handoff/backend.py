@@ -175,6 +175,9 @@ class Backend(ABC):
     release_modules: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}
+    #: Device ("" for a backend with one) -> the nox session that runs its cases: its pre-merge
+    #: selection, another with `-- --handoff-selection NAME` (`handoff cases` says so).
+    sessions: ClassVar[Mapping[str, str]] = {}
     #: Device -> the defaults that differ there from `defaults` (a team's settings still win).
     device_defaults: ClassVar[Mapping[str, Mapping[str, object]]] = {}
     configuration: Configuration | None = None

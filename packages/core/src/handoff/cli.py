@@ -29,9 +29,11 @@ from handoff.cases import (
     unmet,
 )
 from handoff.commands import container, doctor, profiling
+from handoff.commands.catalog import markdown, run_by
 from handoff.commands.nightly import print_table, required_missing, run_nightly
 from handoff.covering.verify import format_interaction, trace
 from handoff.errors import HandoffError
+from handoff.machine.environment import gpu_count
 from handoff.plugins import ONLY_ENV, configured_backend, load
 from handoff.runs import compare, durations, merge, report
 from handoff.runs.results import RunResults
@@ -87,7 +89,12 @@ def dispatched(args: argparse.Namespace, passed: list[str]) -> int:
     if args.command == "merge":
         merge.merge(args.run_dirs, args.output)
         return report.report(args.output)
-    return list_cases(args.backend, args.device, args.topology, args.selection)
+    if args.markdown:
+        print(markdown(args.backend), end="")
+        return 0
+    if len(args.backend) > 1:
+        raise HandoffError("name one --backend, or several with --markdown")
+    return list_cases(args.backend[0], args.device, args.topology, args.selection)
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -95,8 +102,16 @@ def command_line() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handoff", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("backends", help="installed backends, versions and topologies")
-    cases = commands.add_parser("cases", help="case ids of a backend's selection")
-    cases.add_argument("--backend", required=True)
+    cases = commands.add_parser(
+        "cases", help="a backend's cases as --handoff-case takes them, and the session to run"
+    )
+    cases.add_argument(
+        "--backend", action="append", required=True, help="repeatable with --markdown"
+    )
+    cases.add_argument(
+        "--markdown", action="store_true",
+        help="the reference page of the case model for these backends (docs/reference/cases.md)",
+    )  # fmt: skip
     cases.add_argument("--device", help=DEVICE_HELP)
     cases.add_argument("--selection", default="pre_merge", choices=SELECTIONS)
     cases.add_argument(
@@ -188,9 +203,19 @@ def list_backends() -> int:
     return 1 if loaded.broken else 0
 
 
-def on_device(backend_name: str, device: str | None) -> Backend:
-    """The backend configured from the settings, on `device` when the command line names one."""
-    return configured_backend(backend_name, {"device": (device, "--device")})
+def on_device(backend_name: str, device: str | None) -> tuple[Backend, str]:
+    """The backend configured from the settings, on `device` when the command line names one;
+    where nothing chose its device but its default, on the device this machine has (its CPU
+    device where no GPU answers). With where its device came from."""
+    backend = configured_backend(backend_name, {"device": (device, "--device")})
+    assert backend.configuration is not None
+    chosen = backend.configuration.values.get("device")
+    source = chosen.source if chosen else ""
+    count, why = gpu_count() if "cpu" in backend.devices else (1, "")
+    if device is None and source.endswith("default") and not count:
+        backend = configured_backend(backend_name, {"device": ("cpu", "--device")})
+        source = f"this machine: {why}"
+    return backend, source
 
 
 def list_cases(
@@ -199,13 +224,15 @@ def list_cases(
     """The device (for a backend with several) and what each runs; each topology's cases
     under a `#` header with its promise, or why the backend skips it; each case with its
     markers. Exits 1 when a selection breaks its promise."""
-    backend = on_device(backend_name, device)
+    backend, source = on_device(backend_name, device)
     if backend.devices:
-        assert backend.configuration is not None
-        source = backend.configuration.values["device"].source
         print(f"# device: {backend.device} (from {source}); --device picks another")
         for name, runs in backend.devices.items():
             print(f"#   {name}: {runs}")
+    command = run_by(backend, selection_name)
+    print(f"# run by: {command}")
+    joiner = " --" if command.startswith("nox") and " -- " not in command else ""
+    print(f"# one case: {command}{joiner} --handoff-case TOPOLOGY/ID (a line's first word)")
     broken = False
     for name in topologies or list(TOPOLOGIES):
         topology(name)
@@ -230,14 +257,15 @@ def list_cases(
 
 
 def case_line(backend: Backend, case: Case, selection_name: str, published: set[str]) -> str:
-    """`<id>  <selection> marker=value ...`, ending in `added` for a pre_merge row that is not
-    published but was added to keep the promise over the values the backend runs."""
+    """`<topology>/<id>  <selection> marker=value ...`, its first word what --handoff-case
+    takes; ending in `added` for a pre_merge row that is not published but was added to keep
+    the promise over the values the backend runs."""
     markers = " ".join(
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
         for k, v in backend.markers(case).items()
     )
     added = selection_name == "pre_merge" and case.id not in published
-    return f"{case.id}  {selection_name} {markers}" + ("  added" if added else "")
+    return f"{case.key}  {selection_name} {markers}" + ("  added" if added else "")
 
 
 def show_coverage(
@@ -245,7 +273,7 @@ def show_coverage(
 ) -> int:
     """The selection's rows, its promise and whether it holds, and for every promised pair (or
     triple, or value) the first row that covers it. Exits 1 when the promise is broken."""
-    backend = on_device(backend_name, device)
+    backend, _ = on_device(backend_name, device)
     backend.roles(topology(topology_name).name)  # not run by this backend: says why
     chosen = selection(topology_name, selection_name, backend)
     kept = promise(topology_name, selection_name)
@@ -277,7 +305,7 @@ def show_coverage(
 
 def show_config(backend_name: str, device: str | None) -> int:
     """Every setting's effective value and where it came from."""
-    backend = on_device(backend_name, device)
+    backend = configured_backend(backend_name, {"device": (device, "--device")})
     table = Table(title=f"{backend_name} settings")
     table.add_column("setting", no_wrap=True)
     table.add_column("value", overflow="fold")  # a dict by topology is long: folded, not cut

@@ -184,6 +184,7 @@ NO_LOGITS = (
 
 class MockerBackend(Backend):
     name = "mocker"
+    sessions = {"": "mocker_pre_merge"}
     version = version("handoff-mocker")
     topologies: ClassVar[dict[str, tuple[str, ...]]] = {
         "aggregate": ("aggregate", "aggregate"),

@@ -41,6 +41,7 @@ PAGE_TOKENS = 16
 
 class SglangBackend(DynamoGpuBackend):
     name = "sglang"
+    sessions = {"": "sglang_pre_merge"}
     version = version("handoff-sglang")
     engine_module = "sglang"
     dynamo_module = "dynamo.sglang"

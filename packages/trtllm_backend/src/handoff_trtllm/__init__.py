@@ -64,6 +64,7 @@ def to_yaml(config: Mapping[str, object]) -> str:
 
 class TrtllmBackend(DynamoGpuBackend):
     name = "trtllm"
+    sessions = {"": "trtllm_pre_merge"}
     version = version("handoff-trtllm")
     engine_module = "tensorrt_llm"
     dynamo_module = "dynamo.trtllm"

@@ -84,6 +84,7 @@ def compact(value: dict) -> str:
 
 class VllmBackend(DynamoGpuBackend):
     name = "vllm"
+    sessions = {"cuda": "vllm_pre_merge", "cpu": "vllm_cpu_pre_merge"}
     version = version("handoff-vllm")
     engine_module = "vllm"
     dynamo_module = "dynamo.vllm"
