@@ -57,8 +57,9 @@ def prose() -> str:
     return re.sub(r"`[^`]*`", "", text)
 
 
-def test_the_readme_is_short():
+def test_the_pages_a_newcomer_reads_first_are_short():
     assert README.count("\n") <= 120
+    assert (REPO / "docs" / "architecture.md").read_text().count("\n") <= 300
 
 
 def test_every_figure_in_the_prose_is_the_codes():

@@ -176,11 +176,17 @@ class Backend(ABC):
     #: Device -> what runs there, the default first; empty for a backend with one device.
     devices: ClassVar[Mapping[str, str]] = {}
     #: Device ("" for a backend with one) -> the nox session that runs its cases: its pre-merge
-    #: selection, another with `-- --handoff-selection NAME` (`handoff cases` says so).
+    #: selection, another with `-- --handoff-selection NAME` (`handoff cases` says so). Never
+    #: inherited: a session runs the backend it names, not a subclass of it.
     sessions: ClassVar[Mapping[str, str]] = {}
     #: Device -> the defaults that differ there from `defaults` (a team's settings still win).
     device_defaults: ClassVar[Mapping[str, Mapping[str, object]]] = {}
     configuration: Configuration | None = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "sessions" not in cls.__dict__:
+            cls.sessions = {}
 
     def configure(self, configuration: Configuration) -> None:
         """Adopt the effective settings (resolved by core) before any case runs, with the
