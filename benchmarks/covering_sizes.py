@@ -3,7 +3,7 @@ best lower bound, allpairspy's, and handoff's generation time (ms, best and wors
 
     python benchmarks/covering_sizes.py [--repeat 5] [--more]
 
-The `covering_bench` nox session installs handoff's core and allpairspy, and runs this. The
+`nox -s bench -- covering_sizes` installs handoff's core and allpairspy, and runs this. The
 "optimum" column is `lower_bound`: where handoff reaches it, handoff's size is proved optimal and
 the bound is printed alone; elsewhere it reads ">= bound". Without allpairspy its column is "-".
 `--more` adds larger models, strength 3, and a constrained model shaped like handoff's cases.

@@ -153,3 +153,46 @@ def test_mixed_runs_every_mix_though_one_fails_then_names_those_that_failed(noxf
         "mixed deployments with a failed case: alternate (1.5.1 with 1.6.1 beside), "
         "alternate (1.6.1 with 1.5.1 beside)"
     )
+
+
+class Installing(Recorder):
+    """A session that records what it installs and logs as well."""
+
+    def __init__(self, posargs):
+        super().__init__(posargs)
+        self.installed: list[list[str]] = []
+        self.logged: list[str] = []
+
+    def install(self, *args, **kwargs):
+        self.installed.append(list(args))
+
+    def log(self, *args):
+        self.logged.append(" ".join(map(str, args)))
+
+
+def test_bench_lists_every_script_of_benchmarks_and_none_that_is_gone(noxfile):
+    """A retired benchmark leaves the list with its script; a new script must join it (or be a
+    module the others import) to be runnable by `nox -s bench -- NAME`."""
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py")}
+    listed = set(noxfile.BENCHMARKS)
+    assert listed <= scripts, listed - scripts
+    assert scripts - listed == set(noxfile.BENCHMARK_MODULES)
+    assert set(noxfile.ON_VLLM_CPU) <= listed
+
+
+def test_bench_runs_the_named_benchmark_with_what_it_needs(noxfile):
+    session = Installing(["covering_sizes", "--more", "--repeat", "3"])
+    noxfile.bench(session)
+    assert ["allpairspy"] in session.installed
+    assert session.runs == [["python", "benchmarks/covering_sizes.py", "--more", "--repeat", "3"]]
+
+
+@pytest.mark.parametrize("posargs", [[], ["case_phases"]])
+def test_bench_without_a_known_name_lists_the_benchmarks_and_fails(noxfile, posargs):
+    session = Installing(posargs)
+    with pytest.raises(SystemExit, match=r"name one: nox -s bench -- NAME"):
+        noxfile.bench(session)
+    assert session.runs == [] and session.installed == []
+    assert [line.split(":")[0] for line in session.logged] == list(noxfile.BENCHMARKS)
+    floor = "floor: How far a selection runs from its floor"
+    assert any(line.startswith(floor) for line in session.logged)
