@@ -204,6 +204,25 @@ def handoff_command(session: nox.Session) -> None:
     session.run("handoff", *session.posargs)
 
 
+#: The backends of this repository, whose cases the generated case reference lists.
+REFERENCE_BACKENDS = [
+    p.name.removesuffix("_backend") for p in sorted(Path("packages").glob("*_backend"))
+]
+CASES_PAGE = Path("docs/reference/cases.md")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The generated pages written again: docs/reference/cases.md from the case model; with
+    `-- RUN_DIR`, README.md's sample from that run of the main job (`nox -s tests` checks both)."""
+    install_mocker_stack(session)
+    session.install(*GPU_PACKAGES)
+    named = [arg for b in REFERENCE_BACKENDS for arg in ("--backend", b)]
+    CASES_PAGE.write_text(session.run("handoff", "cases", "--markdown", *named, silent=True))
+    if session.posargs:
+        session.run("python", "docs/readme_sample.py", *session.posargs)
+
+
 @nox.session
 def mocker_nightly(session: nox.Session) -> None:
     """Every topology's nightly selection (every triple of values, generated) on the mocker."""

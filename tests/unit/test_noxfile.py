@@ -196,3 +196,24 @@ def test_bench_without_a_known_name_lists_the_benchmarks_and_fails(noxfile, posa
     assert [line.split(":")[0] for line in session.logged] == list(noxfile.BENCHMARKS)
     floor = "floor: How far a selection runs from its floor"
     assert any(line.startswith(floor) for line in session.logged)
+
+
+class Answering(Installing):
+    """A session whose silent runs answer with what a command would print."""
+
+    def run(self, *args, **kwargs):
+        super().run(*args, **kwargs)
+        return "the page\n" if kwargs.get("silent") else None
+
+
+def test_docs_writes_the_case_reference_of_every_backend_here(noxfile, monkeypatch, tmp_path):
+    page = tmp_path / "cases.md"
+    monkeypatch.setattr(noxfile, "CASES_PAGE", page)
+    session = Answering(["RUN_DIR"])
+    noxfile.docs(session)
+    named = [a for b in ("mocker", "sglang", "trtllm", "vllm") for a in ("--backend", b)]
+    assert session.runs == [
+        ["handoff", "cases", "--markdown", *named],
+        ["python", "docs/readme_sample.py", "RUN_DIR"],
+    ]
+    assert page.read_text() == "the page\n"
