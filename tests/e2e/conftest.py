@@ -27,7 +27,7 @@ def handoff_mark(monkeypatch) -> str:
 @pytest.fixture(autouse=True)
 def nested_runs_without_hypothesis(monkeypatch):
     """The pytest runs a test starts load no Hypothesis: only the unit tests use it, and its
-    plugin's import is a sixth of such a run's start (benchmarks/RESULTS.md)."""
+    plugin's import is a sixth of such a run's start (benchmarks/RESULTS.md as of 708d296)."""
     addopts = os.environ.get("PYTEST_ADDOPTS", "")
     monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} -p no:hypothesispytest".strip())
 

@@ -110,7 +110,8 @@ class VllmBackend(DynamoGpuBackend):
     reissue_waits_for_lost_request = True
     #: On the CPU a disaggregated worker's first request took 3.6 s to its first token, and
     #: once over the stall cases' 5 s stream timeout, which moved the warm-up request that
-    #: times the engine (benchmarks/RESULTS.md); a first answer of 4,096 tokens once took 20 s.
+    #: times the engine (benchmarks/RESULTS.md as of 708d296); a first answer of 4,096 tokens
+    #: once took 20 s.
     slow_first_request = True
     worker_ports = ("system", "nixl", "kv_events", "rendezvous")
     role_ports = {
