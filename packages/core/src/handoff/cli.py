@@ -283,7 +283,7 @@ def show_coverage(
     print(f"# {topology_name} {selection_name} of {backend_name}: {len(chosen)} of {full} rows")
     print(f"# promise: {kept.describe()}: {status}")
     for n, case in enumerate(chosen, 1):
-        print(f"{n:>4}  {case.id}")
+        print(f"{n:>4}  {case.key}")
     print("# traceability: the first row that covers each promised combination")
     covering = model(allowed(topology_name, backend))
     rows = [c.row() for c in chosen]
