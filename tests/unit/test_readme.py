@@ -25,19 +25,20 @@ def pinned_release() -> str:
     return line.split("==")[1]
 
 
-def facts() -> dict[str, str]:
-    """Every figure the README may state, each with what in the code gives it."""
+def claims() -> dict[str, str]:
+    """Each figure the README may state, by the words around it, with the value the code gives."""
     python = tomllib.loads((REPO / "packages/core/pyproject.toml").read_text())
     defects = sum(expected(c)[0] is not None for c in MOCKER)
+    mocker_topologies = sum(MockerBackend().why_not(t) is None for t in TOPOLOGIES)
     return {
-        pinned_release(): "the pinned Dynamo release",
-        python["project"]["requires-python"].removeprefix(">="): "the oldest Python",
-        str(len(MOCKER)): "the mocker's pre-merge cases",
-        str(len(MOCKER) - defects): "the mocker's pre-merge cases expected to pass",
-        str(defects): "the mocker's pre-merge cases expected to fail as known defects",
-        str(sum(MockerBackend().why_not(t) is None for t in TOPOLOGIES)): "the mocker's topologies",
-        str(len(TOPOLOGIES)): "the topologies",
-        str(len(vllm_cpu_cases())): "vLLM's CPU pre-merge cases",
+        r"Python (\S+) ": python["project"]["requires-python"].removeprefix(">="),
+        r"Dynamo (\S+)'s frontend": pinned_release(),
+        r"It runs (\d+) cases of the": str(len(MOCKER)),
+        r"of the (\d+) topologies the mocker": str(mocker_topologies),
+        r"serves \(of (\d+)\)": str(len(TOPOLOGIES)),
+        r"runs (\d+) cases on Dynamo's own": str(len(vllm_cpu_cases())),
+        r"(\d+) passed": str(len(MOCKER) - defects),
+        r"(\d+) strict expected failures": str(defects),
     }
 
 
@@ -63,10 +64,16 @@ def test_the_pages_a_newcomer_reads_first_are_short():
 
 
 def test_every_figure_in_the_prose_is_the_codes():
-    known = facts()
-    stated = re.findall(r"(?<![\w.-])\d+(?:\.\d+)*(?![\w.-]*\w)", prose())
-    assert stated, "the README states no figure: this test would check nothing"
-    assert [s for s in stated if s not in known] == [], f"figures the code gives: {known}"
+    """Each figure is claimed by the words around it and is the code's value; a figure no claim
+    covers (a count added, or moved to other words) fails too."""
+    text, covered = prose(), set()
+    for words, value in claims().items():
+        for found in re.finditer(words, text):
+            assert found[1] == value, f"README says {found[0]!r}; the code gives {value}"
+            covered.add(found.start(1))
+    stated = re.finditer(r"(?<![\w.-])\d+(?:\.\d+)*(?![\w.-]*\w)", text)
+    unclaimed = [m[0] for m in stated if m.start() not in covered]
+    assert covered and unclaimed == [], f"figures no test checks: {unclaimed}"
 
 
 def test_the_sample_tallies_the_main_job_as_the_case_model_expects():
