@@ -36,12 +36,18 @@ def sample(results: RunResults, keys: list[str]) -> str:
 
 
 def main(run_dir: str) -> None:
+    """The sample between README's markers, the rows it names taken again from `run_dir`."""
     text = README.read_text()
     head, found, rest = text.partition(START)
     block, ended, tail = rest.partition(END)
     if not (found and ended):
         raise SystemExit(f"{README} lacks the markers {START!r} and {END!r}: put them back")
     results = RunResults.load(Path(run_dir))
+    whole = results.split is None and len(results.cases) == len(results.selection_keys)
+    if (results.backend, results.selection, whole) != ("mocker", "pre_merge", True):
+        raise SystemExit(
+            f"{run_dir} is not a whole run of the main job: run nox -s mocker_pre_merge"
+        )
     README.write_text(f"{head}{START}\n{sample(results, ROW.findall(block))}\n{END}{tail}")
     print(f"{README}: the sample of {run_dir}")
 

@@ -139,3 +139,16 @@ def test_python_older_than_3_11_is_missing():
     old = check_python((3, 10, 14))
     assert (old.status, old.detail) == ("missing", "3.10.14: handoff needs 3.11 or newer")
     assert check_python((3, 12, 1)).status == "ok"
+
+
+def test_a_driver_that_cannot_count_its_gpus_is_no_gpu_with_why(monkeypatch):
+    import pynvml
+
+    def fails():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", fails)
+    count, why = gpu_count()
+    assert count == 0 and why.startswith("the NVIDIA driver cannot count its GPUs (NVML: ")

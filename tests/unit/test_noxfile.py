@@ -217,3 +217,11 @@ def test_docs_writes_the_case_reference_of_every_backend_here(noxfile, monkeypat
         ["python", "docs/readme_sample.py", "RUN_DIR"],
     ]
     assert page.read_text() == "the page\n"
+
+
+def test_the_vllm_gpu_session_pins_its_device_whatever_the_team_set(noxfile):
+    session = Installing(["-n", "2"])
+    noxfile.vllm_pre_merge(session)
+    assert session.runs == [
+        ["handoff", "qualify", "--backend", "vllm", "--handoff-device", "cuda", "-n", "2"]
+    ]

@@ -248,6 +248,12 @@ def test_handoff_cases_defaults_to_the_device_the_machine_has(
     assert f"# run by: nox -s {session}" in out
 
 
+def test_a_device_named_asks_nothing_of_the_driver(team, tiny, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "gpu_count", lambda: pytest.fail("NVML asked with a device named"))
+    assert cli.main(["cases", "--backend", "vllm", "--device", "cuda"]) == 0
+    assert capsys.readouterr().out.startswith("# device: cuda (from command line --device)")
+
+
 def test_a_device_chosen_is_kept_on_a_machine_without_a_gpu(team, tiny, capsys, monkeypatch):
     monkeypatch.setattr(cli, "gpu_count", lambda: (0, "no NVIDIA driver answers"))
     settings_file(team, 'device = "cuda"')

@@ -90,6 +90,9 @@ def dispatched(args: argparse.Namespace, passed: list[str]) -> int:
         merge.merge(args.run_dirs, args.output)
         return report.report(args.output)
     if args.markdown:
+        if args.device or args.topology or args.selection != "pre_merge":
+            raise HandoffError("--markdown writes every device, topology and selection: drop "
+                               "--device, --topology and --selection")  # fmt: skip
         print(markdown(args.backend), end="")
         return 0
     if len(args.backend) > 1:
@@ -205,16 +208,18 @@ def list_backends() -> int:
 
 def on_device(backend_name: str, device: str | None) -> tuple[Backend, str]:
     """The backend configured from the settings, on `device` when the command line names one;
-    where nothing chose its device but its default, on the device this machine has (its CPU
+    where nothing chose its device but a default, on the device this machine has (its CPU
     device where no GPU answers). With where its device came from."""
     backend = configured_backend(backend_name, {"device": (device, "--device")})
     assert backend.configuration is not None
     chosen = backend.configuration.values.get("device")
-    source = chosen.source if chosen else ""
-    count, why = gpu_count() if "cpu" in backend.devices else (1, "")
-    if device is None and source.endswith("default") and not count:
-        backend = configured_backend(backend_name, {"device": ("cpu", "--device")})
-        source = f"this machine: {why}"
+    source = chosen.source if chosen else f"the {backend_name} backend's first device"
+    defaulted = device is None and (chosen is None or source.endswith("default"))
+    if defaulted and "cpu" in backend.devices and backend.device != "cpu":
+        count, why = gpu_count()
+        if not count:
+            backend = configured_backend(backend_name, {"device": ("cpu", "--device")})
+            source = f"this machine: {why}"
     return backend, source
 
 

@@ -533,6 +533,13 @@ def known_defect(case, mix=None) -> KnownDefect | None:
     return None if defect is None or defect.issue in releases.current().fixed else defect
 
 
+def past_lease_defect(lifecycle: Lifecycle) -> KnownDefect | None:
+    """The known defect a stall meets where it outlives the worker's discovery lease all the
+    same (a load case's, whose stream timeout is sized for its queues), unless fixed."""
+    defect = KNOWN_DEFECTS.get(str(lifecycle.past_lease)) if lifecycle.past_lease else None
+    return None if defect is None or defect.issue in releases.current().fixed else defect
+
+
 def policy(name: str) -> Policy:
     try:
         return POLICIES[name]

@@ -32,6 +32,7 @@ from handoff.policies import (
     KnownDefect,
     expected_outcome,
     known_defect,
+    past_lease_defect,
 )
 
 #: One fault for each way a fault meets the response (`Lifecycle.meets`): what its policy
@@ -93,6 +94,7 @@ def on_each_device(name: str) -> Iterator[Backend]:
 
 
 def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A `## ` heading and its table."""
     lines = ["", f"## {title}", "", "| " + " | ".join(columns) + " |"]
     lines.append("|" + "---|" * len(columns))
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
@@ -100,6 +102,7 @@ def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
 
 
 def cell(value: object) -> str:
+    """A value as a table cell: a flag as yes or nothing, a pipe escaped."""
     text = "yes" if value is True else "" if value is False or value is None else str(value)
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -109,6 +112,7 @@ TOPOLOGY_COLUMNS = ["topology", "faulted worker", "window", "workload", "request
 
 
 def topology_row(where) -> list[object]:
+    """What the topology fixes: its worker, window, workload, request, id and promise."""
     workload = (
         where.workload + (", a joiner" if where.join else "") + (", the race" if where.race else "")
     )
@@ -119,6 +123,7 @@ def topology_row(where) -> list[object]:
 
 
 def restriction_rows() -> list[list[object]]:
+    """Every restriction of every topology, with its reason."""
     return [
         [where.name, r.axis, ", ".join(r.allowed), r.why]
         for where in TOPOLOGIES.values()
@@ -131,6 +136,7 @@ FAULT_COLUMNS = ["fault", "first signal", "meets the response", "holder stopped"
 
 
 def fault_row(fault: str) -> list[object]:
+    """How the fault's lifecycle starts and meets the response."""
     made = lifecycle.of(fault)
     return [fault, made.first_signal, made.meets, made.stops_holder, made.heals_on_move,
             made.outlives_lease]  # fmt: skip
@@ -156,6 +162,7 @@ def outcome_rows() -> list[list[object]]:
 
 
 def told(outcome) -> str:
+    """What the client must get."""
     return "the whole response" if outcome.error is None else f"error {outcome.error}"
 
 
@@ -194,14 +201,12 @@ def expected(case: Case) -> tuple[KnownDefect | None, str]:
     """The known defect `case` is expected to fail by, and `AT_RUN` where a run decides it."""
     if defect := known_defect(case):
         return defect, ""
-    past = lifecycle.of(case.fault).past_lease
-    defect = KNOWN_DEFECTS.get(str(past)) if topology(case.topology).load else None
-    if defect is None or defect.issue in releases.current().fixed:
-        return None, ""
-    return defect, AT_RUN
+    defect = past_lease_defect(lifecycle.of(case.fault)) if topology(case.topology).load else None
+    return (None, "") if defect is None else (defect, AT_RUN)
 
 
 def name_of(backend: Backend) -> str:
+    """The backend, with its device where it has several."""
     return f"{backend.name} ({backend.device})" if backend.devices else backend.name
 
 

@@ -27,6 +27,8 @@ def gpu_count() -> tuple[int, str]:
         return 0, f"no NVIDIA driver answers (NVML: {exc})"
     try:
         count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as exc:
+        return 0, f"the NVIDIA driver cannot count its GPUs (NVML: {exc})"
     finally:
         pynvml.nvmlShutdown()
     return count, "" if count else "the NVIDIA driver lists no GPU"

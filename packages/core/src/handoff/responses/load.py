@@ -23,7 +23,7 @@ from handoff.lifecycle import OFF_PATH
 from handoff.lifecycle import of as lifecycle_of
 from handoff.machine.polling import Deadline, Timeout, poll_until
 from handoff.machine.worker_logs import received
-from handoff.policies import KNOWN_DEFECTS, Outcome, expected_outcome, known_defect
+from handoff.policies import Outcome, expected_outcome, known_defect, past_lease_defect
 from handoff.responses import evidence, joining, recovery, waits
 from handoff.responses.pace import Pace, paced
 from handoff.verdict import (
@@ -161,7 +161,7 @@ class Load:
             settings.stream_timeout_s >= recovery.DISCOVERY_LEASE_S
         )
         if self.outlives_lease:
-            self.defect = KNOWN_DEFECTS.get(str(lifecycle.past_lease))
+            self.defect = past_lease_defect(lifecycle)
         # A fault off the response's path (the broker's) touches no worker: nothing is cut.
         self.cut = [] if lifecycle.meets == OFF_PATH else cut
 
