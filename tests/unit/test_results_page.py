@@ -4,6 +4,7 @@ the latest figure of a question is found at once, and a benchmark a question nam
 exists or the question says it was retired."""
 
 import re
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,19 @@ PAGE = BENCHMARKS / "RESULTS.md"
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
 IN_BACKTICKS = re.compile(r"`([^`]+)`")
 SCRIPT = re.compile(r"benchmarks/(\w+)\.py")
+#: What a command that measured something starts with.
+RUNNERS = (
+    "nox ",
+    "python",
+    ".nox/",
+    "bash ",
+    "PATH=",
+    "PYTHONPATH=",
+    "taskset ",
+    "pytest",
+    "handoff ",
+    "DYN_",
+)
 
 
 def questions() -> dict[str, list[str]]:
@@ -41,14 +55,25 @@ def test_a_question_has_one_table_after_its_command_and_every_row_dated(heading)
     ]  # fmt: skip
     assert len(starts) == 1, f"{len(starts)} tables"
     (start,) = starts
-    assert IN_BACKTICKS.search("\n".join(lines[:start])), "no command before the table"
+    commands = IN_BACKTICKS.findall("\n".join(lines[:start]))
+    assert any(c.startswith(RUNNERS) for c in commands), f"no command before the table: {commands}"
     rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(line)
     assert rows, "a table without a row"
-    assert [row for row in rows if not DATE.search(row)] == []
+    width = lines[start].count("|")
+    assert [row for row in rows if row.count("|") != width] == [], "a row of other cells"
+    dates = [dated(row) for row in rows]
+    assert dates == sorted(dates, reverse=True), "the latest row is not first"
+
+
+def dated(row: str) -> date:
+    """The row's date, its first cell (a real day, not only its shape)."""
+    first = row.strip("|").split("|")[0].strip()
+    assert DATE.fullmatch(first), f"a row whose first cell is no date: {row}"
+    return date.fromisoformat(first)
 
 
 @pytest.mark.parametrize("heading", questions())
