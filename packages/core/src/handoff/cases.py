@@ -412,7 +412,7 @@ USAGE = Topology(
 #: A request that must end at a stop string whose match spans the move (`responses.stops`):
 #: the user gets the text before the string, finish "stop", the tokens to its end counted.
 #: One row pre-merge (a vLLM CPU case takes about 17 s): Dynamo 1.6.1's frontend keeps the match
-#: across a move (docs/cases.md, measured), and a release that loses it fails there.
+#: across a move (measured: docs/cases.md as of 708d296), and a release that loses it fails there.
 STOP = replace(
     USAGE,
     name="stop",
@@ -579,7 +579,7 @@ DISCOVERY_PLANE = Topology(
         "stall_past_lease-chat-stream-tcp",
     ),
     # The restart's race is nightly: its trials run until the race shows, past the floor of
-    # the main job in about one run of six (docs/cases.md).
+    # the main job in about one run of six (docs/cases.md as of 708d296).
     pre_merge_promise=Promise(
         each_value_of=("api", "response", "plane"),
         values_of=(("fault", tuple(f for f in (*DISCOVERY, PAST_LEASE) if f != "etcd_restart")),),

@@ -5,10 +5,11 @@ The mocker draws its tokens at random unless a request carries the annotation
 `output_replay_id:<key>` and its worker was started with a response replay trace (a JSONL file,
 `response_replay_trace_path`) holding that key's `output_token_ids`: the worker then emits those
 tokens in order, from the first, for as many as the trace holds, whatever the request's
-`max_tokens` (measured on Dynamo 1.6.1, docs/cases.md). A migrated request's new worker does the
-same from its own first token, so its output stops short of the request's length only where
-the worker's context is capped (`max_model_len`): capped at the prompt plus the output, the
-new worker, given the prompt plus the `k` tokens already sent, emits exactly the rest.
+`max_tokens` (measured on Dynamo 1.6.1: docs/cases.md as of 708d296). A migrated request's new
+worker does the same from its own first token, so its output stops short of the request's
+length only where the worker's context is capped (`max_model_len`): capped at the prompt plus
+the output, the new worker, given the prompt plus the `k` tokens already sent, emits exactly
+the rest.
 
 Worker `n` of a folder replays `BASE + n * PERIOD + i % PERIOD` as its token `i`: ids above the
 mocker's own random draws (1000 to 1999) and the prompts' words, below the model's vocabulary.
