@@ -24,7 +24,7 @@ from test_gpu_backends import (
 )
 
 from handoff import cli, plugins, word_tokenizer
-from handoff.cases import KILLS, Case, selection
+from handoff.cases import DRAINS, KILLS, Case, backend_cases, selection
 from handoff.errors import HandoffError
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
@@ -339,3 +339,13 @@ def test_the_cpu_device_keeps_one_aggregate_spare_and_never_a_disaggregated_one(
     assert on_cpu(spare_workers=3).spare_workers(aggregate) == 3
     assert on_cpu().spare_workers(decode) == on_cpu(spare_workers=2).spare_workers(decode) == 0
     assert VllmBackend().spare_workers(decode) == 1  # on a GPU: the built-in default
+
+
+def test_a_drain_on_the_cpu_has_room_for_the_run_its_sigterm_allows(team, tiny):
+    """512 tokens left a drain's 2 s wait without its room at this engine's pace (a missed
+    window): every CPU drain case asks for the drain's length at least."""
+    backend = plugins.configured_backend("vllm", {"device": ("cpu", "--device")})
+    drains = [c for c in backend_cases(backend, None, "pre_merge") if c.fault in DRAINS]
+    assert drains
+    short = [c.key for c in drains if backend.shape(c).max_tokens < cpu.DRAIN_TOKENS]
+    assert short == []

@@ -37,7 +37,17 @@ from pathlib import Path
 
 from handoff import word_tokenizer
 from handoff.backend import TIMEOUT_MARKER, VLLM_RUNNING, Model
-from handoff.cases import ABANDONS, ENGINE, KILLS, SAMPLINGS, STOPS, Case, Restriction, topology
+from handoff.cases import (
+    ABANDONS,
+    DRAINS,
+    ENGINE,
+    KILLS,
+    SAMPLINGS,
+    STOPS,
+    Case,
+    Restriction,
+    topology,
+)  # fmt: skip
 from handoff.client import DEFAULT_SAMPLING, Guide
 from handoff.gpu_backend import (
     CONTEXT_TOKENS,
@@ -352,6 +362,16 @@ class VllmBackend(DynamoGpuBackend):
             return fingerprint.departure(context, output, by_id, flavour, allowed, guided)
 
         return judge
+
+    def shape(self, case: Case, variant: int = 0):
+        """On the CPU, a drain's request long enough to outlast the run its SIGTERM allows the
+        holder (`cpu.DRAIN_TOKENS`), where its topology's own length is shorter; the seconds
+        of output a slower machine gets (`output_seconds`) still cut it."""
+        shape = super().shape(case, variant)
+        if not self.on_cpu or case.fault not in DRAINS:
+            return shape
+        room = min(cpu.DRAIN_TOKENS, self.context_tokens - shape.prompt_tokens)
+        return replace(shape, max_tokens=max(shape.max_tokens, room))
 
     def output_seconds(self, case) -> float | None:
         """On the CPU, where the pace differs most between machines: `max_tokens` is then

@@ -99,6 +99,10 @@ SAMPLING_NEEDS_THE_MODEL = (
 #: near-tie anywhere leaves the case not proven, and long enough to outlast a kill or a drain.
 SAMPLED_TOKENS = 64
 
+#: A drain's SIGTERM lets the holder run on for its drain's wait (2 s), which the request must
+#: still have left once proven in flight (`faults.require_room`): at 200-260 tokens a second
+#: here, 512 tokens left 2.1-2.2 s, a missed window (not proven); 1,536 leave about 6 s.
+DRAIN_TOKENS = 1536
 OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 1536, "guided": 512,
     "abandoned": 512, "decode_race": 4000, "engine_core": 512, "join": 1536,
