@@ -104,11 +104,12 @@ SAMPLED_TOKENS = 64
 #: here, 512 tokens left 2.1-2.2 s, a missed window (not proven); 1,536 leave about 6 s.
 DRAIN_TOKENS = 1536
 #: A join case's requests must still be open when the worker started at the fault is listed
-#: (`responses.joining`): a start beside the survivor's decoding took 28 s, and 1,536 tokens a
-#: request ended 24 s after the fault (a joiner listed 4.2 s late, not proven). As long as the
-#: context allows (with its 64-token prompt), and 30 s of output at the pace measured: about
-#: 2.5 times that stream, a margin over the start, not a bound on it.
-JOIN_TOKENS = 4000
+#: (`responses.joining`). The survivor serves the load a request at a time; a start beside it
+#: took 19-28 s. With 1,536 tokens a request the last ended 24 s after the fault (a joiner
+#: listed 4.2 s late: not proven); with 4,000, 76-81 s, listed 19-20 s after the fault. 3,072
+#: tokens (24 s of output at the pace measured, at most) end about 55 s after it: a margin of
+#: twice the slowest start seen, not a bound on a start.
+JOIN_TOKENS = 3072
 OUTPUT_TOKENS = {
     "aggregate": 512, "decode": 1536, "kv_transfer": 2048, "load": 1536, "guided": 512,
     "abandoned": 512, "decode_race": 4000, "engine_core": 512, "join": JOIN_TOKENS,
@@ -122,7 +123,7 @@ OUTPUT_TOKENS = {
 #: the length's streaming time here, so that only a slower machine cuts it.
 OUTPUT_SECONDS = {
     "aggregate": 10.0, "decode": 20.0, "kv_transfer": 30.0, "load": 6.0, "guided": 10.0,
-    "abandoned": 10.0, "decode_race": 8.0, "engine_core": 10.0, "join": 30.0,
+    "abandoned": 10.0, "decode_race": 8.0, "engine_core": 10.0, "join": 24.0,
     "rolling": 10.0, "usage": 10.0, "stop": 10.0,
     "stop_after": 10.0, "min_tokens": 10.0, **dict.fromkeys(SAMPLINGS, 10.0),
     # The cut-off worker's race shows only where the request it lost outlasts the HTTP layer's
