@@ -31,10 +31,10 @@ def test_its_cases_and_the_reason_for_the_rest():
     result = run("handoff", "cases", "--backend", "example")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    ids = [line.split()[0] for line in lines if not line.startswith("#")]
-    kills = [c.id for c in selection("aggregate", "pre_merge") if c.fault in KILLS]
-    assert ids[: len(kills)] == kills  # the published rows keep their ids
-    own = [Case.from_id(i).fault for i in ids[len(kills) :]]
+    keys = [line.split()[0] for line in lines if not line.startswith("#")]
+    kills = [c.key for c in selection("aggregate", "pre_merge") if c.fault in KILLS]
+    assert keys[: len(kills)] == kills  # the published rows keep their ids
+    own = [Case.from_id(k.removeprefix("aggregate/")).fault for k in keys[len(kills) :]]
     assert own and set(own) == {HANG_THEN_KILL.name}  # its own lifecycle's rows, added
     assert "# prefill: not run by example: the example engine has no disaggregated mode" in lines
     assert (

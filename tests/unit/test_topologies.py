@@ -45,4 +45,4 @@ def test_handoff_cases_shows_the_reason(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "# prefill: not run by aggregate-only: this engine cannot migrate" in out
     assert "# decode: not run by aggregate-only: not declared by the backend" in out
-    assert out.count("\n") == 1 + 30 + 21  # aggregate header and ids, 21 skipped topologies
+    assert out.count("\n") == 2 + 1 + 30 + 21  # run by, header, ids, skipped

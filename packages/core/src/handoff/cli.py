@@ -211,8 +211,7 @@ def on_device(backend_name: str, device: str | None) -> tuple[Backend, str]:
     where nothing chose its device but a default, on the device this machine has (its CPU
     device where no GPU answers). With where its device came from."""
     backend = configured_backend(backend_name, {"device": (device, "--device")})
-    assert backend.configuration is not None
-    chosen = backend.configuration.values.get("device")
+    chosen = backend.configuration.values.get("device") if backend.configuration else None
     source = chosen.source if chosen else f"the {backend_name} backend's first device"
     defaulted = device is None and (chosen is None or source.endswith("default"))
     if defaulted and "cpu" in backend.devices and backend.device != "cpu":

@@ -21,6 +21,7 @@ from handoff.cases import (
     topology,
     unmet,
 )  # fmt: skip
+from handoff.lifecycle import MOVES, OFF_PATH, UNHEARD
 from handoff.plugins import configured_backend
 from handoff.policies import (
     ABANDONED,
@@ -35,10 +36,9 @@ from handoff.policies import (
     past_lease_defect,
 )
 
-#: One fault for each way a fault meets the response (`Lifecycle.meets`): what its policy
-#: outcomes stand for.
-MEETS = {"worker_failure": "a kill or drain", "worker_stall": "a silent worker",
-         "broker_loss": "off the response's path"}  # fmt: skip
+#: Each way a fault meets the response (`Lifecycle.meets`) whose outcome a policy decides, in
+#: words; the outcomes are those of the first fault of the case model that meets it so.
+MEETS = {MOVES: "a kill or drain", UNHEARD: "a silent worker", OFF_PATH: "off the response's path"}
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,19 @@ def outcome_rows() -> list[list[object]]:
     rows = []
     for window, request in (("decoding", "plain"), ("prefill", "plain"), ("decoding", "guided")):
         for policy in POLICIES:
-            for fault, meets in MEETS.items():
-                outcome = expected_outcome(window, policy, lifecycle.of(fault), request)
+            for made, meets in meeting().items():
+                outcome = expected_outcome(window, policy, made, request)
                 rows.append([window, request, policy, meets, told(outcome),
                              *outcome.counts().values()])  # fmt: skip
     for fault, outcome in ABANDONED.items():
         rows.append(["", "plain", "any", fault, told(outcome), *outcome.counts().values()])
     return rows
+
+
+def meeting() -> dict[lifecycle.Lifecycle, str]:
+    """One lifecycle for each way of `MEETS`, with its words."""
+    made = [lifecycle.of(f) for f in FAULTS]
+    return {next(m for m in made if m.meets == way): words for way, words in MEETS.items()}
 
 
 def told(outcome) -> str:
