@@ -343,7 +343,7 @@ def test_the_cpu_device_keeps_one_aggregate_spare_and_never_a_disaggregated_one(
 
 def test_a_drain_on_the_cpu_has_room_for_the_run_its_sigterm_allows(team, tiny):
     """512 tokens left a drain's 2 s wait without its room at this engine's pace (a missed
-    window): every CPU drain case asks for the drain's length at least."""
+    window): every pre-merge CPU drain case asks for the drain's length at least."""
     backend = plugins.configured_backend("vllm", {"device": ("cpu", "--device")})
     drains = [c for c in backend_cases(backend, None, "pre_merge") if c.fault in DRAINS]
     assert drains
