@@ -36,10 +36,11 @@ def test_a_frequency_penalty_counted_from_the_move_is_the_documented_divergence(
 
 
 def test_a_seeded_draw_seeded_again_at_the_move_is_named_and_fails(vllm_cpu, tmp_path):
-    """No document of Dynamo's says a move re-seeds a draw: a plain failure, by name."""
+    """No document of Dynamo's says a move re-seeds a draw: handoff's own finding, a strict
+    expected failure only by its reason and its witness (`policies.SEEDED_FINDING`)."""
     verdict = verdict_of(vllm_cpu, SEEDED, tmp_path)
-    assert not verdict.passed and verdict.upstream_defect == "", verdict.reasons
-    assert any(r.startswith(f"{RESUMED_AFRESH}: ") for r in verdict.reasons), verdict.reasons
+    assert verdict.upstream_defect == known_defect(SEEDED).describe(), verdict.reasons
+    assert [r.split(":")[0] for r in verdict.reasons] == [RESUMED_AFRESH], verdict.reasons
 
 
 def test_a_repetition_penalty_survives_a_drain(vllm_cpu, tmp_path):
