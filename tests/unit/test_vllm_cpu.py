@@ -24,7 +24,15 @@ from test_gpu_backends import (
 )
 
 from handoff import cli, plugins, word_tokenizer
-from handoff.cases import DRAINS, KILLS, Case, backend_cases, selection
+from handoff.cases import (
+    DRAINS,
+    KILLS,
+    SAMPLINGS,
+    Case,
+    backend_cases,
+    backend_restriction,
+    selection,
+)  # fmt: skip
 from handoff.errors import HandoffError
 from handoff.machine import services
 from handoff.machine.environment import missing_modules
@@ -145,11 +153,12 @@ def test_the_cpu_runs_the_stall_and_partition_where_the_gpu_runs_kills(tiny):
     assert faults["kv_transfer"] == faults["load"] == set(KILLS)
     on_gpu = {c.fault for c in selection("aggregate", "pre_merge", VllmBackend())}
     assert on_gpu == set(KILLS)
-    everywhere, under_load = on_cpu().restrictions
+    everywhere, under_load, sampled = on_cpu().restrictions
     assert "drain_expired" not in everywhere.allowed and "qualified on the mocker" in everywhere.why
     assert everywhere.holds_in("load") and everywhere.holds_in("decode")
     assert under_load.holds_in("load") and not under_load.holds_in("aggregate")
     assert "discovery lease" in under_load.why
+    assert sampled.holds_in("seeded") and not sampled.holds_in("aggregate")
     assert [len(selection(t, "pre_merge", on_cpu())) for t in faults] == [16, 8, 2, 4]
 
 
@@ -349,3 +358,11 @@ def test_a_drain_on_the_cpu_has_room_for_the_run_its_sigterm_allows(team, tiny):
     assert drains
     short = [c.key for c in drains if backend.shape(c).max_tokens < cpu.DRAIN_TOKENS]
     assert short == []
+
+
+def test_a_sampled_drain_is_not_run_on_the_cpu_and_says_why(team, tiny):
+    backend = plugins.configured_backend("vllm", {"device": ("cpu", "--device")})
+    drained = Case.from_id("graceful_shutdown-chat-unary-tcp", "repetition_penalty")
+    assert backend_restriction(backend, drained).why == cpu.SAMPLED_KILLS_ONLY
+    nightly = [c for t in SAMPLINGS for c in selection(t, "nightly", backend)]
+    assert nightly and {c.fault for c in nightly} == {"worker_failure"}

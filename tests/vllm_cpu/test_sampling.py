@@ -14,7 +14,6 @@ from handoff.runner import run_case
 
 FREQUENCY = Case.from_id("worker_failure-chat-stream-tcp", "frequency_penalty")
 REPETITION = Case.from_id("worker_failure-completion-stream-nats", "repetition_penalty")
-DRAINED_REPETITION = Case.from_id("graceful_shutdown-chat-unary-tcp", "repetition_penalty")
 SEEDED = Case.from_id("worker_failure-completion-stream-tcp", "seeded")
 DEPARTS = "the migrated text departs from the reference at token "
 
@@ -43,8 +42,9 @@ def test_a_seeded_draw_seeded_again_at_the_move_is_named_and_fails(vllm_cpu, tmp
     assert [r.split(":")[0] for r in verdict.reasons] == [RESUMED_AFRESH], verdict.reasons
 
 
-def test_a_repetition_penalty_survives_a_drain(vllm_cpu, tmp_path):
-    verdict = verdict_of(vllm_cpu, DRAINED_REPETITION, tmp_path)
+def test_a_repetition_penalty_survives_a_move(vllm_cpu, tmp_path):
+    """Its drain is not run on the CPU (`cpu.SAMPLED_KILLS_ONLY`): a kill moves it."""
+    verdict = verdict_of(vllm_cpu, REPETITION, tmp_path)
     assert verdict.passed, verdict.reasons or verdict.unproven
     assert any("which no wrong successor gives" in n for n in verdict.notes), verdict.notes
 

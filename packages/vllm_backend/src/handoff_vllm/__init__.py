@@ -190,6 +190,7 @@ class VllmBackend(DynamoGpuBackend):
                 "qualified on the mocker",
             ),
             Restriction("fault", KILLS, cpu.LOAD_KILLS_ONLY, only_in=("load",)),
+            Restriction("fault", ("worker_failure",), cpu.SAMPLED_KILLS_ONLY, only_in=SAMPLINGS),
         )
 
     @property
@@ -366,12 +367,9 @@ class VllmBackend(DynamoGpuBackend):
     def shape(self, case: Case, variant: int = 0):
         """On the CPU, a drain's request long enough to outlast the run its SIGTERM allows the
         holder (`cpu.DRAIN_TOKENS`), where its topology's own length is shorter; the seconds
-        of output a slower machine gets (`output_seconds`) still cut it. Not a sampled one:
-        its reference is computed a token at a time, and its own length is its design
-        (`cpu.SAMPLED_TOKENS`)."""
+        of output a slower machine gets (`output_seconds`) still cut it."""
         shape = super().shape(case, variant)
-        sampled = topology(case.topology).request in SAMPLINGS
-        if not self.on_cpu or case.fault not in DRAINS or sampled:
+        if not self.on_cpu or case.fault not in DRAINS:
             return shape
         room = min(cpu.DRAIN_TOKENS, self.context_tokens - shape.prompt_tokens)
         return replace(shape, max_tokens=max(shape.max_tokens, room))
